@@ -1,0 +1,248 @@
+"""The job config of SPEC.md: pydantic models, loading from YAML with ``--set`` overrides, and its hash."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from schemas.base import ConfigError, Strict, describe_validation_error, register_union_tags
+from schemas.methods import DRAFT_METHODS, METHOD_NAMES, REWARD_METHODS, Method
+
+
+class DataConfig(Strict):
+    source: str = Field(
+        description="Prompt dataset: a local file or folder (.jsonl .json .parquet .csv), a datasets.save_to_disk "
+        "folder, s3://bucket/prefix, or builtin:NAME for a bundled asset (see `winnow assets`)."
+    )
+    prompt_column: str = Field(
+        "prompt", min_length=1,
+        description="Column holding the prompt: a string, or a list of {role, content} chat messages.",
+    )
+    id_column: str | None = Field(
+        None, description="Column holding a unique prompt id; null makes prompt_id a stable hash of the prompt."
+    )
+    limit: int | None = Field(None, ge=1, description="Keep only the first N rows; null keeps all.")
+
+
+class ModelReward(Strict):
+    kind: Literal["model"] = Field(description="A sequence-classification reward model (num_labels = 1).")
+    path: str = Field(
+        description="Folder, s3:// prefix or builtin:NAME of an AutoModelForSequenceClassification with its own "
+        "tokenizer; prompt and response are rendered with that tokenizer's chat template."
+    )
+    batch_tokens: int = Field(
+        8192, ge=64, description="Token budget of one scoring batch (rows x padded length)."
+    )
+
+
+class LogprobReward(Strict):
+    kind: Literal["logprob"] = Field(description="Mean token log-probability of the response under the target.")
+    batch_tokens: int = Field(8192, ge=64, description="Token budget of one scoring batch (rows x padded length).")
+
+
+class LexicalReward(Strict):
+    kind: Literal["lexical"] = Field(
+        description="Fraction of the row's concepts that the response covers (CommonGen-style constraints)."
+    )
+    concepts_column: str = Field(
+        "concepts", min_length=1, description="Dataset column holding each prompt's list of concept words."
+    )
+
+
+class PythonReward(Strict):
+    kind: Literal["python"] = Field(
+        description="A Python function `f(prompts, texts) -> list[float]`; prompts are lists of chat messages."
+    )
+    function: str = Field(description="Import path `package.module:function`.")
+
+    @field_validator("function")
+    @classmethod
+    def _is_import_path(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", v):
+            raise ValueError("must look like 'package.module:function'")
+        return v
+
+
+Reward = Annotated[Union[ModelReward, LogprobReward, LexicalReward, PythonReward], Field(discriminator="kind")]
+
+
+class ModelsConfig(Strict):
+    target: str = Field(description="Target causal LM: a local folder, s3:// prefix or builtin:NAME in HF format.")
+    draft: str | None = Field(
+        None, description="Draft causal LM sharing the target's tokenizer; needed by the draft/target methods only."
+    )
+    reward: Reward | None = Field(None, description="How candidates are scored; null records no reward.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto",
+        description="Weights and activations. 'auto': float32 on CPU; on GPU the checkpoint's 16-bit dtype, "
+        "else bfloat16 where supported, else float16.",
+    )
+    trust_remote_code: bool = Field(
+        False, description="Allow model folders that ship their own code. Off unless you trust the checkpoint."
+    )
+
+
+class GenerationConfig(Strict):
+    max_new_tokens: int = Field(96, ge=1, le=32768, description="Most tokens generated per response.")
+    temperature: float = Field(1.0, ge=0.0, le=100.0, description="Sampling temperature; 0 means greedy.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus mass; 1 disables it.")
+    top_k: int = Field(0, ge=0, description="Keep the k most likely tokens; 0 disables it.")
+    sampler: Literal["target", "speculative"] = Field(
+        "target",
+        description="How best_of_n and speculative_rejection sample candidates: 'target' token by token, or "
+        "'speculative' (the draft proposes `gamma` tokens, the target verifies them; same distribution).",
+    )
+    gamma: int = Field(4, ge=1, le=64, description="Draft tokens per verification when sampler is 'speculative'.")
+
+
+class OutputConfig(Strict):
+    path: str = Field(description="Run folder: a local folder or s3://bucket/prefix.")
+
+
+class ResourcesConfig(Strict):
+    workers: int = Field(1, ge=1, description="Ray actors, each holding one draft/target/reward trio.")
+    gpus_per_worker: float = Field(0, ge=0, description="GPUs per actor; 0 runs on CPU.")
+    cpus_per_worker: float = Field(1, gt=0, description="CPUs reserved per actor.")
+    prompts_per_batch: int = Field(4, ge=1, description="Prompts decoded together in one actor call.")
+    max_retries: int = Field(
+        0, ge=0,
+        description="Times Ray Data retries a failed batch before the job fails (engine crashes fail loudly).",
+    )
+
+
+class CostConfig(Strict):
+    usd_per_device_hour: float = Field(2.0, ge=0, description="Price of one device (GPU, or CPU worker) per hour.")
+
+
+class JobConfig(Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="Run name (letters, digits, _ . -).")
+    seed: int = Field(0, ge=0, description="Seeds every sample; the same seed gives the same outputs.")
+    data: DataConfig
+    models: ModelsConfig
+    method: Method
+    generation: GenerationConfig = Field(default_factory=GenerationConfig)
+    output: OutputConfig
+    resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
+    cost: CostConfig = Field(default_factory=CostConfig)
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> "JobConfig":
+        problems = []
+        m = self.method.name
+        if m in REWARD_METHODS and self.models.reward is None:
+            problems.append(f"models.reward: required by method {m!r}, which ranks candidates by reward")
+        needs_draft = m in DRAFT_METHODS or (
+            m in ("best_of_n", "speculative_rejection") and self.generation.sampler == "speculative"
+        )
+        if needs_draft and not self.models.draft:
+            why = f"method {m!r}" if m in DRAFT_METHODS else "generation.sampler 'speculative'"
+            problems.append(f"models.draft: required by {why}")
+        if (
+            m == "speculative_rejection"
+            and self.method.schedule == "memory"
+            and self.method.memory_budget_mb is None
+            and self.resources.gpus_per_worker == 0
+        ):
+            problems.append(
+                "method.memory_budget_mb: required on CPU (resources.gpus_per_worker is 0) when schedule is "
+                "'memory'; set a KV budget in MiB, or use schedule: fixed"
+            )
+        if problems:
+            raise ValueError(_CROSS_MARK + "\n".join(problems))
+        return self
+
+    def hash(self) -> str:
+        """Stable hash of the resolved config: what makes two runs the same run."""
+        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+_CROSS_MARK = "@@cross@@"
+register_union_tags(METHOD_NAMES)
+register_union_tags(["model", "logprob", "lexical", "python"])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Loading
+
+
+def _parse_scalar(text: str) -> Any:
+    """A --set value is YAML, so `0.7`, `true`, `null` and `[a, b]` become numbers, booleans, None and lists."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def apply_overrides(raw: dict, overrides: list[str]) -> dict:
+    """Apply ``a.b.c=value`` overrides to a nested dict (a copy); raises ConfigError naming bad ones."""
+    data = json.loads(json.dumps(raw))
+    problems = []
+    for item in overrides:
+        if "=" not in item:
+            problems.append(f"--set {item!r}: expected KEY=VALUE with a dotted key, e.g. method.alpha=0.7")
+            continue
+        key, _, value = item.partition("=")
+        parts = key.strip().split(".")
+        if not all(parts):
+            problems.append(f"--set {item!r}: empty component in key {key!r}")
+            continue
+        node = data
+        for i, p in enumerate(parts[:-1]):
+            nxt = node.get(p)
+            if nxt is None:
+                nxt = node[p] = {}
+            if not isinstance(nxt, dict):
+                problems.append(f"--set {item!r}: {'.'.join(parts[: i + 1])} is not a section")
+                break
+            node = nxt
+        else:
+            node[parts[-1]] = _parse_scalar(value)
+    if problems:
+        raise ConfigError(problems)
+    return data
+
+
+def validate_config(data: Any, source: str | None = None) -> JobConfig:
+    """Build a JobConfig, or raise ConfigError listing every problem at once."""
+    if not isinstance(data, dict):
+        raise ConfigError([f"(config): expected a mapping of sections, got {type(data).__name__}"], source)
+    try:
+        return JobConfig.model_validate(data)
+    except ValidationError as err:
+        problems = []
+        for line in describe_validation_error(err):
+            if _CROSS_MARK in line:
+                text = line.split(_CROSS_MARK, 1)[1]
+                text = re.sub(r" \(got .*\)$", "", text, flags=re.S)
+                problems.extend(text.splitlines())
+            else:
+                problems.append(line)
+        raise ConfigError(problems, source) from None
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> JobConfig:
+    """Read a YAML config, apply ``--set`` overrides, validate. Raises ConfigError on any problem."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError([f"{path}: config file not found"], str(path))
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError([f"{path}: malformed YAML{where}: {getattr(err, 'problem', err)}"], str(path)) from None
+    except UnicodeDecodeError:
+        raise ConfigError([f"{path}: not a text file"], str(path)) from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError([f"{path}: expected a mapping of sections at the top level"], str(path))
+    raw = apply_overrides(raw, overrides or [])
+    return validate_config(raw, str(path))

@@ -1,0 +1,38 @@
+"""`manifest.json` of a run folder: what ran, with what, when, and what it cost."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class CostTotals(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    target_tokens: int = 0
+    draft_tokens: int = 0
+    reward_tokens: int = 0
+    target_forwards: int = 0
+    draft_forwards: int = 0
+    reward_forwards: int = 0
+    wall_seconds: float = Field(0.0, description="summed over prompts (each prompt's batch wall time)")
+    device_seconds: float = 0.0
+    usd: float = Field(0.0, description="device_seconds / 3600 x cost.usd_per_device_hour")
+
+
+class Manifest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+    config: dict[str, Any] = Field(description="the resolved job config")
+    config_hash: str
+    winnow_version: str
+    packages: dict[str, str] = Field(default_factory=dict, description="versions of torch, transformers, ray, ...")
+    git_commit: str | None = None
+    status: Literal["running", "succeeded", "failed"] = "running"
+    started_at: str = Field(description="ISO-8601 UTC time the (latest) run started")
+    finished_at: str | None = None
+    rows: int = Field(0, description="rows in candidates/, errored ones included")
+    errors: int = Field(0, description="rows whose `error` is not null")
+    cost: CostTotals = Field(default_factory=CostTotals)

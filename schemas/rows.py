@@ -1,0 +1,114 @@
+"""The Arrow schema of one output row (one prompt) of `candidates/*.parquet`, as SPEC.md fixes it.
+
+``stats`` is one struct for every method, so Parquet files of different methods share a schema and can be read
+and pooled together; a field a method does not measure is null.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+MESSAGE = pa.struct([("role", pa.string()), ("content", pa.string())])
+
+CANDIDATE = pa.struct(
+    [
+        ("text", pa.string()),
+        ("num_tokens", pa.int32()),
+        ("reward", pa.float64()),  # null for a rejected candidate, or when no reward is configured
+        ("finish_reason", pa.string()),  # eos | length | rejected
+        ("partial_rewards", pa.list_(pa.float64())),  # one per decision token the candidate was running at
+    ]
+)
+
+COST = pa.struct(
+    [
+        ("target_tokens", pa.int64()),
+        ("draft_tokens", pa.int64()),
+        ("reward_tokens", pa.int64()),
+        ("target_forwards", pa.int64()),
+        ("draft_forwards", pa.int64()),
+        ("reward_forwards", pa.int64()),
+        ("wall_seconds", pa.float64()),
+        ("device_seconds", pa.float64()),
+    ]
+)
+
+# name -> (type, meaning). Kept in one place so README and tests can list it.
+STATS_FIELDS: dict[str, tuple[pa.DataType, str]] = {
+    "prompt_tokens": (pa.int32(), "tokens of the rendered prompt under the target tokenizer"),
+    "generated_tokens": (pa.int64(), "tokens generated over all candidates, rejected ones included"),
+    "finished_candidates": (pa.int32(), "candidates that reached EOS or max_new_tokens"),
+    "rejection_rounds": (pa.int32(), "decision tokens at which Speculative Rejection cut candidates"),
+    "decision_tokens": (pa.list_(pa.int32()), "response length (tokens) at each decision"),
+    "reward_mean": (pa.float64(), "mean final reward over finished candidates"),
+    "reward_std": (pa.float64(), "standard deviation of final rewards over finished candidates"),
+    "acceptance_rate": (pa.float64(), "accepted draft tokens / proposed draft tokens"),
+    "mean_accepted_tokens": (pa.float64(), "tokens emitted per target call (accepted + bonus/recovered)"),
+    "draft_calls_per_token": (pa.float64(), "draft forward calls per generated token"),
+    "target_calls_per_token": (pa.float64(), "target forward calls per generated token"),
+    "perplexity": (pa.float64(), "perplexity of the best response under the target (temperature 1)"),
+    "hard_constraint": (pa.float64(), "1 if the best response covers every concept, else 0 (lexical tasks)"),
+    "soft_constraint": (pa.float64(), "fraction of concepts the best response covers (lexical tasks)"),
+    "state_counts": (pa.list_(pa.int64()), "CDSL: iterations in states S1, S2, S3, S4"),
+}
+STATS = pa.struct([(name, t) for name, (t, _) in STATS_FIELDS.items()])
+
+ROW_SCHEMA = pa.schema(
+    [
+        ("prompt_id", pa.string()),
+        ("prompt", pa.list_(MESSAGE)),
+        ("method", pa.string()),
+        ("candidates", pa.list_(CANDIDATE)),
+        ("best_index", pa.int32()),
+        ("best_text", pa.string()),
+        ("best_reward", pa.float64()),
+        ("cost", COST),
+        ("stats", STATS),
+        ("error", pa.string()),
+    ]
+)
+
+COST_FIELDS = [f.name for f in COST]
+FINISH_REASONS = ("eos", "length", "rejected")
+
+
+def empty_stats() -> dict:
+    return {name: None for name in STATS_FIELDS}
+
+
+def empty_cost() -> dict:
+    out = {name: 0 for name in COST_FIELDS}
+    out["wall_seconds"] = 0.0
+    out["device_seconds"] = 0.0
+    return out
+
+
+def error_row(prompt_id: str, prompt: list[dict], method: str, error: str) -> dict:
+    """A row for a prompt that could not run: no candidates, the reason in `error`."""
+    return {
+        "prompt_id": prompt_id,
+        "prompt": prompt,
+        "method": method,
+        "candidates": [],
+        "best_index": None,
+        "best_text": None,
+        "best_reward": None,
+        "cost": empty_cost(),
+        "stats": empty_stats(),
+        "error": error,
+    }
+
+
+def rows_to_table(rows: list[dict]) -> pa.Table:
+    """Rows (dicts) to an Arrow table with exactly ROW_SCHEMA; missing stats fields become null."""
+    fixed = []
+    for r in rows:
+        r = dict(r)
+        stats = empty_stats()
+        stats.update(r.get("stats") or {})
+        unknown = set(stats) - set(STATS_FIELDS)
+        if unknown:
+            raise KeyError(f"stats fields not in schemas.rows.STATS_FIELDS: {sorted(unknown)}")
+        r["stats"] = stats
+        fixed.append(r)
+    return pa.Table.from_pylist(fixed, schema=ROW_SCHEMA)
