@@ -1,0 +1,207 @@
+"""A batched decoding engine on transformers' Cache API.
+
+Terms used throughout:
+- a *group* is one prompt of the batch; its rows are its candidates (``cand`` 0..n-1);
+- a *row* is one running candidate: one line of the KV cache, of the attention mask and of ``tokens``;
+- the *pending* token of a row is the last token sampled for it, not yet fed to the model (the cache holds the
+  prompt and every generated token but the pending one);
+- a *hole* is a masked (0) column inside a row's mask: left padding, or (for speculative decoding) a rejected
+  draft position. Holes are never attended to; position ids count only real columns.
+
+Each prompt is prefilled once and its cache repeated across its candidates (``batch_repeat_interleave``);
+finished and rejected rows leave the cache by row selection (``batch_select_indices``), never by a new prefill.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+from workers.cost import Meter
+from workers.sampling import STREAM_TOKEN, Warp, next_tokens, uniforms
+
+
+def position_ids(mask: torch.Tensor) -> torch.Tensor:
+    """Positions that count only real columns: [B, L] mask -> [B, L] positions (0 at holes before the first)."""
+    return (mask.cumsum(-1) - 1).clamp(min=0)
+
+
+def forward(
+    model: torch.nn.Module,
+    role: str,
+    input_ids: torch.Tensor,
+    mask: torch.Tensor,
+    cache: DynamicCache,
+    group: torch.Tensor,
+    meter: Meter,
+    keep: int = 1,
+) -> torch.Tensor:
+    """One counted forward of `input_ids` [B, T] appended to `cache`; `mask` [B, L] covers cache + new columns.
+
+    Returns logits [B, keep, V] of the last `keep` positions (float32). Counts, per group, the real new tokens
+    and one forward call.
+    """
+    t = input_ids.shape[1]
+    pos = position_ids(mask)[:, -t:]  # [B, T]
+    out = model(
+        input_ids=input_ids,
+        attention_mask=mask,
+        position_ids=pos,
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=keep,
+    )
+    meter.count_forward(role, group, mask[:, -t:].sum(-1))
+    return out.logits.float()
+
+
+@dataclass
+class Rows:
+    """The running rows of one model's decoding. All tensors share dim 0 (rows)."""
+
+    cache: DynamicCache
+    mask: torch.Tensor  # [B, L] long: 1 real column in cache (or the pending token), 0 hole
+    pending: torch.Tensor  # [B] last sampled token, not yet in the cache
+    group: torch.Tensor  # [B] prompt index within the batch
+    cand: torch.Tensor  # [B] candidate index within the prompt
+    key: torch.Tensor  # [B] prompt key of the counter-based RNG (see workers.sampling)
+    length: torch.Tensor  # [B] tokens generated so far, the pending one included
+    limit: torch.Tensor  # [B] most tokens this row may generate
+    tokens: torch.Tensor  # [B, T] generated tokens; tokens[i, :length[i]] are valid
+
+    @property
+    def size(self) -> int:
+        return int(self.pending.shape[0])
+
+    def select(self, idx: torch.Tensor) -> None:
+        """Keep only rows `idx` (a LongTensor of row indices), in the cache and in every per-row tensor."""
+        if idx.numel() == self.size and bool((idx == torch.arange(self.size, device=idx.device)).all()):
+            return
+        self.cache.batch_select_indices(idx)
+        for f in fields(self):
+            if f.name != "cache":
+                setattr(self, f.name, getattr(self, f.name)[idx])
+        self.trim_left()
+
+    def trim_left(self) -> None:
+        """Drop leading columns that are holes in every row (left padding no survivor needs)."""
+        real = self.mask.any(0)
+        if self.size == 0 or bool(real[0]):
+            return
+        if any(type(layer) is not DynamicLayer for layer in self.cache.layers):
+            return  # sliding-window and other layer kinds keep their own column bookkeeping
+        first = int(real.float().argmax())
+        if first == 0:
+            return
+        for layer in self.cache.layers:
+            if getattr(layer, "is_initialized", False) and layer.keys is not None and layer.keys.numel():
+                layer.keys = layer.keys[..., first:, :]
+                layer.values = layer.values[..., first:, :]
+        self.mask = self.mask[:, first:]
+
+    def append_pending(self, tok: torch.Tensor) -> None:
+        """Record `tok` [B] as each row's new pending token."""
+        ar = torch.arange(self.size, device=tok.device)
+        self.tokens[ar, self.length.clamp(max=self.tokens.shape[1] - 1)] = tok
+        self.length = self.length + 1
+        self.pending = tok
+
+    def kv_columns(self) -> int:
+        return int(self.mask.shape[1])
+
+
+def left_pad(prompts: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token lists to left-padded ids [P, L] and mask [P, L]."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        if p:
+            ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+            mask[i, width - len(p):] = 1
+    return ids.to(device), mask.to(device)
+
+
+class Engine:
+    """Target-only batched sampling: prefill once per prompt, one token per row per step."""
+
+    role = "target"
+    columns_per_step = 1  # KV columns a step adds to every row
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        pad_id: int,
+        eos_ids: list[int],
+        warp: Warp,
+        seed: int,
+        meter: Meter,
+    ):
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.pad_id = pad_id
+        self.eos = torch.tensor(sorted(set(eos_ids)), dtype=torch.long, device=self.device)
+        self.warp = warp
+        self.seed = seed
+        self.meter = meter
+        self.kv_bytes_per_column = kv_bytes_per_token(model)
+
+    def stats(self, group: int) -> dict:
+        """Method-specific measurements of one prompt (none for plain sampling)."""
+        return {}
+
+    # -- prefill -----------------------------------------------------------------------------------------------
+    def prefill(
+        self, prompts: list[list[int]], n: int, keys: list[int], limits: list[int]
+    ) -> Rows:
+        """Prefill each prompt once, repeat its cache n times, and sample every row's first token."""
+        dev = self.device
+        ids, mask = left_pad(prompts, self.pad_id, dev)  # [P, L]
+        groups = torch.arange(len(prompts), device=dev)
+        cache = DynamicCache(config=self.model.config)
+        logits = forward(self.model, self.role, ids, mask, cache, groups, self.meter)[:, -1]  # [P, V]
+        cache.batch_repeat_interleave(n)
+        rows = Rows(
+            cache=cache,
+            mask=mask.repeat_interleave(n, 0),
+            pending=torch.zeros(len(prompts) * n, dtype=torch.long, device=dev),
+            group=groups.repeat_interleave(n),
+            cand=torch.arange(n, device=dev).repeat(len(prompts)),
+            key=torch.tensor(keys, dtype=torch.long, device=dev).repeat_interleave(n),
+            length=torch.zeros(len(prompts) * n, dtype=torch.long, device=dev),
+            limit=torch.tensor(limits, dtype=torch.long, device=dev).repeat_interleave(n),
+            tokens=torch.full((len(prompts) * n, max(limits)), self.pad_id, dtype=torch.long, device=dev),
+        )
+        self._sample_into(rows, logits.repeat_interleave(n, 0))
+        return rows
+
+    # -- decode --------------------------------------------------------------------------------------------------
+    def step(self, rows: Rows) -> None:
+        """Feed every row's pending token and sample its next one."""
+        rows.mask = torch.cat([rows.mask, rows.mask.new_ones(rows.size, 1)], dim=1)  # [B, L+1]
+        logits = forward(self.model, self.role, rows.pending[:, None], rows.mask, rows.cache, rows.group, self.meter)
+        self._sample_into(rows, logits[:, -1])
+
+    def _sample_into(self, rows: Rows, logits: torch.Tensor) -> None:
+        u = uniforms(self.seed, rows.key, rows.cand, rows.length, STREAM_TOKEN)
+        rows.append_pending(next_tokens(logits, self.warp, u))
+
+    def done(self, rows: Rows) -> torch.Tensor:
+        """[B] bool: rows whose last token is EOS or that reached their limit."""
+        return torch.isin(rows.pending, self.eos) | (rows.length >= rows.limit)
+
+    def is_eos(self, tok: torch.Tensor) -> torch.Tensor:
+        return torch.isin(tok, self.eos)
+
+
+def kv_bytes_per_token(model: torch.nn.Module) -> int:
+    """KV-cache bytes one token of one row costs: 2 x layers x kv_heads x head_dim x dtype bytes."""
+    cfg = model.config.get_text_config()
+    heads = cfg.num_attention_heads
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    dtype_bytes = next(model.parameters()).element_size()
+    return 2 * cfg.num_hidden_layers * kv_heads * head_dim * dtype_bytes

@@ -1,0 +1,153 @@
+"""Loading the draft/target/reward trio from local folders, s3:// prefixes and builtin:NAME assets."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+BUILTIN_PREFIX = "builtin:"
+
+
+class ModelPathError(ValueError):
+    """A model path that does not resolve to a Hugging Face folder; the message names the field and path."""
+
+
+def resolve_path(spec: str, field: str) -> Path:
+    """A model or data location as a local path: builtin:NAME -> the bundled folder, s3:// -> a local copy.
+
+    `field` names the config field (e.g. "models.target") for error messages.
+    """
+    if spec.startswith(BUILTIN_PREFIX):
+        import assets
+
+        name = spec[len(BUILTIN_PREFIX):]
+        try:
+            return assets.builtin_path(name)
+        except KeyError as err:
+            raise ModelPathError(f"{field}: {err.args[0] if err.args else err}") from None
+    if spec.startswith("s3://"):
+        return _fetch_s3(spec, field)
+    path = Path(spec).expanduser()
+    if not path.exists():
+        raise ModelPathError(f"{field}: {spec} does not exist")
+    return path
+
+
+def check_model_folder(spec: str, field: str) -> Path:
+    """Resolve and check that the folder holds a Hugging Face config.json (without loading weights)."""
+    path = resolve_path(spec, field)
+    if not (path / "config.json").is_file():
+        raise ModelPathError(f"{field}: {spec} is not a Hugging Face model folder (no config.json in {path})")
+    return path
+
+
+def _fetch_s3(uri: str, field: str) -> Path:
+    """Copy an s3:// prefix to a local cache folder once (keyed by the URI) and return the folder."""
+    import fsspec
+
+    root = Path(os.environ.get("WINNOW_CACHE", Path.home() / ".cache" / "winnow")) / "s3"
+    dest = root / hashlib.sha256(uri.encode()).hexdigest()[:16]
+    done = dest / ".complete"
+    if done.exists():
+        return dest
+    fs, _, (remote,) = fsspec.get_fs_token_paths(uri)
+    if not fs.exists(remote):
+        raise ModelPathError(f"{field}: {uri} does not exist")
+    tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
+    fs.get(remote.rstrip("/") + "/", str(tmp), recursive=True)
+    tmp.rename(dest) if not dest.exists() else None
+    done.write_text(uri)
+    return dest
+
+
+def pick_device(gpus_per_worker: float) -> torch.device:
+    if gpus_per_worker > 0:
+        if not torch.cuda.is_available():
+            raise RuntimeError("resources.gpus_per_worker > 0 but this worker sees no CUDA device")
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
+def pick_dtype(setting: str, device: torch.device, checkpoint_dtype: torch.dtype | None) -> torch.dtype:
+    """`models.dtype` to a torch dtype. auto: float32 on CPU; on GPU the checkpoint's 16-bit dtype, else bf16
+    where supported, else fp16."""
+    if setting != "auto":
+        return getattr(torch, setting)
+    if device.type != "cuda":
+        return torch.float32
+    if checkpoint_dtype in (torch.bfloat16, torch.float16):
+        return checkpoint_dtype
+    return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+
+
+def _checkpoint_dtype(path: Path) -> torch.dtype | None:
+    try:
+        cfg = json.loads((path / "config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    name = cfg.get("dtype") or cfg.get("torch_dtype") or (cfg.get("text_config") or {}).get("dtype")
+    return getattr(torch, name, None) if isinstance(name, str) else None
+
+
+@dataclass
+class Loaded:
+    model: torch.nn.Module
+    tokenizer: object
+    path: Path
+
+
+def load_causal_lm(spec: str, field: str, device: torch.device, dtype_setting: str, trust_remote_code: bool) -> Loaded:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = check_model_folder(spec, field)
+    dtype = pick_dtype(dtype_setting, device, _checkpoint_dtype(path))
+    with _remote_code_guard(field, trust_remote_code):
+        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=trust_remote_code)
+    model.to(device).eval()
+    return Loaded(model, tok, path)
+
+
+def load_reward_model(spec: str, field: str, device: torch.device, dtype_setting: str, trust_remote_code: bool) -> Loaded:
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    path = check_model_folder(spec, field)
+    dtype = pick_dtype(dtype_setting, device, _checkpoint_dtype(path))
+    with _remote_code_guard(field, trust_remote_code):
+        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        model = AutoModelForSequenceClassification.from_pretrained(
+            path, dtype=dtype, trust_remote_code=trust_remote_code
+        )
+    if getattr(model.config, "num_labels", 1) != 1:
+        raise ModelPathError(f"{field}: reward model must have num_labels = 1, got {model.config.num_labels}")
+    if tok.pad_token_id is None:
+        if tok.eos_token_id is None:
+            raise ModelPathError(f"{field}: reward tokenizer has neither a pad nor an EOS token")
+        tok.pad_token = tok.eos_token
+    if model.config.pad_token_id is None:
+        model.config.pad_token_id = tok.pad_token_id
+    model.to(device).eval()
+    return Loaded(model, tok, path)
+
+
+class _remote_code_guard:
+    """Turns transformers' "requires trust_remote_code" refusal into an error naming the config field."""
+
+    def __init__(self, field: str, allowed: bool):
+        self.field, self.allowed = field, allowed
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc is not None and not self.allowed and "trust_remote_code" in str(exc):
+            raise ModelPathError(
+                f"{self.field}: this checkpoint ships its own code; set models.trust_remote_code: true only if you "
+                f"trust it ({exc})"
+            ) from exc
+        return False

@@ -1,0 +1,102 @@
+"""What every method takes and returns, and the context it runs in."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from schemas.config import JobConfig
+from workers.cost import Meter
+from workers.rewards import Scored
+from workers.sampling import Warp
+
+
+@dataclass
+class PromptInput:
+    """One prompt of a batch, ready for decoding."""
+
+    prompt_id: str
+    messages: list[dict]
+    ids: list[int]  # rendered with the target tokenizer's chat template
+    key: int  # counter-based RNG key (workers.sampling.prompt_key)
+    limit: int  # most new tokens: max_new_tokens, capped by the target's context
+    concepts: list[str] | None = None
+
+
+@dataclass
+class Candidate:
+    tokens: list[int]
+    finish_reason: str  # eos | length | rejected
+    text: str = ""
+    reward: float | None = None
+    partial_rewards: list[float] = field(default_factory=list)
+
+    def row(self) -> dict:
+        return {
+            "text": self.text,
+            "num_tokens": len(self.tokens),
+            "reward": self.reward,
+            "finish_reason": self.finish_reason,
+            "partial_rewards": list(self.partial_rewards),
+        }
+
+
+@dataclass
+class MethodResult:
+    candidates: list[Candidate]
+    best_index: int | None
+    stats: dict = field(default_factory=dict)
+
+
+@dataclass
+class Context:
+    """Everything a method needs: models, tokenizer, sampling settings, the reward and the cost meter."""
+
+    config: JobConfig
+    target: torch.nn.Module
+    tokenizer: object
+    draft: torch.nn.Module | None
+    reward: Callable[[list[Scored], Meter], list[float]] | None
+    meter: Meter
+    warp: Warp
+    eos_ids: list[int]
+    pad_id: int
+
+    @property
+    def seed(self) -> int:
+        return self.config.seed
+
+    def decode(self, tokens: list[int]) -> str:
+        return self.tokenizer.decode(tokens, skip_special_tokens=True).strip()
+
+    def scored(self, group: int, prompt: PromptInput, tokens: list[int]) -> Scored:
+        return Scored(group, prompt.messages, self.decode(tokens), prompt.ids, list(tokens), prompt.concepts)
+
+    def score(self, items: list[Scored]) -> list[float | None]:
+        """Rewards of items; all None when no reward is configured (methods that rank require one)."""
+        if self.reward is None:
+            return [None] * len(items)
+        return self.reward(items, self.meter) if items else []
+
+    def finish_reason(self, tokens: list[int]) -> str:
+        return "eos" if tokens and tokens[-1] in self.eos_ids else "length"
+
+
+def best_of(cands: list[Candidate]) -> int | None:
+    """Index of the highest-reward finished candidate (the lowest index on ties); None if none has a reward."""
+    best, best_r = None, -math.inf
+    for i, c in enumerate(cands):
+        if c.finish_reason != "rejected" and c.reward is not None and c.reward > best_r:
+            best, best_r = i, c.reward
+    return best
+
+
+def reward_stats(cands: list[Candidate]) -> dict:
+    rs = [c.reward for c in cands if c.finish_reason != "rejected" and c.reward is not None]
+    if not rs:
+        return {"reward_mean": None, "reward_std": None}
+    t = torch.tensor(rs, dtype=torch.float64)
+    return {"reward_mean": float(t.mean()), "reward_std": float(t.std(unbiased=False))}

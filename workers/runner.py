@@ -1,0 +1,147 @@
+"""Turns a batch of prompts into output rows: what one Ray actor does with each batch.
+
+`Runner(config)` loads the trio once; `Runner.run(rows)` takes dicts with `prompt_id`, `prompt` (chat messages)
+and optionally `concepts`, and returns one row per input in the shape of `schemas.rows.ROW_SCHEMA`, in order.
+A prompt that cannot run (empty, or longer than the target's context) becomes a row with `error` set; a failure of
+the engine itself raises, so the job fails loudly.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from schemas.config import JobConfig
+from schemas.methods import DRAFT_METHODS
+from schemas.rows import error_row
+from workers.cost import Meter
+from workers.loading import load_causal_lm, load_reward_model, pick_device
+from workers.methods import get_method
+from workers.methods.common import Context, PromptInput
+from workers.rewards import LexicalReward, LogprobReward, ModelReward, PythonReward, render
+from workers.sampling import Warp, prompt_key
+
+
+def eos_token_ids(model, tokenizer) -> list[int]:
+    """The tokenizer's EOS and every stop token of the model's generation config."""
+    ids = set()
+    gen = getattr(model, "generation_config", None)
+    eos = getattr(gen, "eos_token_id", None) if gen is not None else None
+    if isinstance(eos, int):
+        ids.add(eos)
+    elif eos:
+        ids.update(int(e) for e in eos)
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    if not ids:
+        raise ValueError("models.target: neither the tokenizer nor the generation config defines an EOS token")
+    return sorted(ids)
+
+
+def context_length(model) -> int:
+    cfg = model.config.get_text_config()
+    return int(getattr(cfg, "max_position_embeddings", None) or 1 << 30)
+
+
+def prompt_problem(messages) -> str | None:
+    """Why a prompt cannot run, or None."""
+    if not isinstance(messages, list) or not messages:
+        return "empty prompt: no messages"
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            return f"prompt message {i} is not a {{role, content}} pair of strings"
+    if not any(m["content"].strip() for m in messages):
+        return "empty prompt: every message is blank"
+    return None
+
+
+class Runner:
+    def __init__(self, config: JobConfig):
+        self.config = config
+        m = config.models
+        self.device = pick_device(config.resources.gpus_per_worker)
+        target = load_causal_lm(m.target, "models.target", self.device, m.dtype, m.trust_remote_code)
+        self.target, self.tokenizer = target.model, target.tokenizer
+        self.draft = None
+        needs_draft = config.method.name in DRAFT_METHODS or config.generation.sampler == "speculative"
+        if needs_draft:
+            draft = load_causal_lm(m.draft, "models.draft", self.device, m.dtype, m.trust_remote_code)
+            self.draft = draft.model
+        self.eos_ids = eos_token_ids(self.target, self.tokenizer)
+        pad = self.tokenizer.pad_token_id
+        self.pad_id = int(pad if pad is not None else self.eos_ids[0])
+        self.reward = self._reward()
+        self.context = context_length(self.target)
+        g = config.generation
+        self.warp = Warp(temperature=g.temperature, top_k=g.top_k, top_p=g.top_p)
+        self.method = get_method(config.method.name)
+
+    def _reward(self):
+        r = self.config.models.reward
+        if r is None:
+            return None
+        if r.kind == "model":
+            m = self.config.models
+            loaded = load_reward_model(r.path, "models.reward.path", self.device, m.dtype, m.trust_remote_code)
+            return ModelReward(loaded.model, loaded.tokenizer, r.batch_tokens)
+        if r.kind == "logprob":
+            return LogprobReward(self.target, self.pad_id, r.batch_tokens)
+        if r.kind == "lexical":
+            return LexicalReward()
+        return PythonReward(r.function)
+
+    def encode_prompt(self, messages: list[dict]) -> list[int]:
+        """The prompt rendered with the target's chat template (generation prompt added), as token ids."""
+        if getattr(self.tokenizer, "chat_template", None):
+            text = render(self.tokenizer, messages, add_generation_prompt=True)
+            return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return self.tokenizer(render(self.tokenizer, messages, False))["input_ids"]
+
+    @torch.inference_mode()
+    def run(self, rows: list[dict]) -> list[dict]:
+        started = time.perf_counter()
+        name = self.config.method.name
+        out: list[dict | None] = [None] * len(rows)
+        ready: list[tuple[int, PromptInput]] = []
+        for i, row in enumerate(rows):
+            problem = prompt_problem(row["prompt"])
+            if problem is None:
+                ids = self.encode_prompt(row["prompt"])
+                if len(ids) >= self.context:
+                    problem = f"prompt is {len(ids)} tokens; the target's context is {self.context} tokens"
+            if problem is not None:
+                out[i] = error_row(row["prompt_id"], row["prompt"], name, problem)
+                continue
+            concepts = row.get("concepts")
+            limit = min(self.config.generation.max_new_tokens, self.context - len(ids))
+            ready.append(
+                (i, PromptInput(row["prompt_id"], row["prompt"], ids, prompt_key(row["prompt_id"]), limit,
+                                list(concepts) if concepts is not None else None))
+            )
+        if ready:
+            meter = Meter(len(ready))
+            meter.started = started
+            ctx = Context(self.config, self.target, self.tokenizer, self.draft, self.reward, meter, self.warp,
+                          self.eos_ids, self.pad_id)
+            results = self.method(ctx, [p for _, p in ready])
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            devices = self.config.resources.gpus_per_worker or 1.0
+            costs = meter.per_prompt(devices)
+            for (i, p), res, cost in zip(ready, results, costs):
+                best = res.best_index
+                cand = res.candidates[best] if best is not None else None
+                out[i] = {
+                    "prompt_id": p.prompt_id,
+                    "prompt": p.messages,
+                    "method": name,
+                    "candidates": [c.row() for c in res.candidates],
+                    "best_index": best,
+                    "best_text": cand.text if cand else None,
+                    "best_reward": cand.reward if cand else None,
+                    "cost": cost,
+                    "stats": {"prompt_tokens": len(p.ids), **res.stats},
+                    "error": None,
+                }
+        return out
