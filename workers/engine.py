@@ -71,6 +71,7 @@ class Rows:
     length: torch.Tensor  # [B] tokens generated so far, the pending one included
     limit: torch.Tensor  # [B] most tokens this row may generate
     tokens: torch.Tensor  # [B, T] generated tokens; tokens[i, :length[i]] are valid
+    alive: torch.Tensor  # [B] bool: False once a row finished or was rejected (it leaves at the next compaction)
 
     @property
     def size(self) -> int:
@@ -85,6 +86,13 @@ class Rows:
             if f.name != "cache":
                 setattr(self, f.name, getattr(self, f.name)[idx])
         self.trim_left()
+
+    def compact(self, min_dead: int = 1) -> None:
+        """Select the alive rows once at least `min_dead` rows are dead (a select copies the whole cache, so
+        dead rows are dropped in bulk rather than one at a time)."""
+        dead = int((~self.alive).sum())
+        if dead and dead >= min_dead:
+            self.select(self.alive.nonzero().flatten())
 
     def trim_left(self) -> None:
         """Drop leading columns that are holes in every row (left padding no survivor needs)."""
@@ -174,6 +182,7 @@ class Engine:
             length=torch.zeros(len(prompts) * n, dtype=torch.long, device=dev),
             limit=torch.tensor(limits, dtype=torch.long, device=dev).repeat_interleave(n),
             tokens=torch.full((len(prompts) * n, max(limits)), self.pad_id, dtype=torch.long, device=dev),
+            alive=torch.ones(len(prompts) * n, dtype=torch.bool, device=dev),
         )
         self._sample_into(rows, logits.repeat_interleave(n, 0))
         return rows
@@ -190,8 +199,8 @@ class Engine:
         rows.append_pending(next_tokens(logits, self.warp, u))
 
     def done(self, rows: Rows) -> torch.Tensor:
-        """[B] bool: rows whose last token is EOS or that reached their limit."""
-        return torch.isin(rows.pending, self.eos) | (rows.length >= rows.limit)
+        """[B] bool: alive rows whose last token is EOS or that reached their limit."""
+        return rows.alive & (torch.isin(rows.pending, self.eos) | (rows.length >= rows.limit))
 
     def is_eos(self, tok: torch.Tensor) -> torch.Tensor:
         return torch.isin(tok, self.eos)

@@ -27,6 +27,9 @@ from workers.engine import Rows
 from workers.methods.common import Candidate, Context, MethodResult, PromptInput, best_of, reward_stats
 from workers.methods.samplers import make_sampler
 
+# Dead (finished) rows leave the cache once they are at least 1/COMPACT_FRACTION of the batch.
+COMPACT_FRACTION = 8
+
 
 class NoDecisions:
     """Best-of-N: never decide."""
@@ -119,20 +122,20 @@ def run_pool(ctx: Context, prompts: list[PromptInput], n: int, alpha: float, sch
         return keys, tokens
 
     def harvest() -> None:
-        """Move finished rows (EOS or length limit) out of the batch into their pools."""
+        """Move finished rows (EOS or length limit) into their pools; they leave the cache in bulk."""
         done = sampler.done(rows)
-        if not bool(done.any()):
-            return
-        keep = (~done).nonzero().flatten()
-        done_idx = done.nonzero().flatten()
-        keys = zip(rows.group[done_idx].tolist(), rows.cand[done_idx].tolist())
-        for (g, c), t, k in zip(keys, rows.tokens[done_idx].tolist(), rows.length[done_idx].tolist()):
-            pools[g][c] = Candidate(t[:k], ctx.finish_reason(t[:k]))
-            unscored.append((g, c))
-        rows.select(keep)
+        if bool(done.any()):
+            idx = done.nonzero().flatten()
+            keys = zip(rows.group[idx].tolist(), rows.cand[idx].tolist())
+            for (g, c), t, k in zip(keys, rows.tokens[idx].tolist(), rows.length[idx].tolist()):
+                pools[g][c] = Candidate(t[:k], ctx.finish_reason(t[:k]))
+                unscored.append((g, c))
+            rows.alive &= ~done
+        rows.compact(min_dead=max(1, rows.size // COMPACT_FRACTION))
 
     def decide() -> None:
         """One rejection round: partial rewards, the alpha-quantile cut per prompt, row selection."""
+        rows.compact()
         live, tokens = live_rows()
         items = [ctx.scored(g, prompts[g], t) for (g, _), t in zip(live, tokens)]
         items += [ctx.scored(g, prompts[g], pools[g][c].tokens) for g, c in unscored]
@@ -161,11 +164,11 @@ def run_pool(ctx: Context, prompts: list[PromptInput], n: int, alpha: float, sch
 
     while True:
         harvest()
-        if rows.size == 0:
+        if not bool(rows.alive.any()):
             break
         if schedule.due(rows, sampler):
             decide()
-            if rows.size == 0:
+            if not bool(rows.alive.any()):
                 break
         sampler.step(rows)
 
