@@ -1,0 +1,97 @@
+"""Reward scorers: batching under a token budget, the four kinds, and the lexical rule."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+import torch
+
+from workers.cost import Meter
+from workers.lexical import concept_coverage, covered
+from workers.rewards import LexicalReward, PythonReward, Scored, token_budget_batches
+
+
+def test_token_budget_batches_respect_the_budget():
+    lengths = [5, 50, 7, 20, 20, 3, 100]
+    batches = token_budget_batches(lengths, 60)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    for b in batches:
+        assert len(b) == 1 or len(b) * max(lengths[i] for i in b) <= 60
+
+
+def test_lexical_coverage_accepts_regular_inflections():
+    assert covered("The dogs were running in the parks.", ["dog", "run", "park", "cat"]) == [True, False, True, False]
+    assert covered("She makes cakes while baking", ["make", "cake", "bake"]) == [True, True, True]
+    assert covered("two babies cried", ["baby", "cry"]) == [True, True]
+    assert concept_coverage("a dog", ["dog", "cat"]) == 0.5
+    assert concept_coverage("anything", []) == 0.0
+
+
+def _item(text, concepts=None, group=0):
+    return Scored(group, [{"role": "user", "content": "q"}], text, [1, 2], [3], concepts)
+
+
+def test_lexical_reward_scores_and_refuses_rows_without_concepts():
+    r = LexicalReward()
+    assert r([_item("a dog runs", ["dog", "run", "field"])], Meter(1)) == [pytest.approx(2 / 3)]
+    with pytest.raises(ValueError, match="concepts"):
+        r([_item("a dog")], Meter(1))
+
+
+def test_python_reward_imports_and_checks_its_function():
+    mod = types.ModuleType("winnow_test_reward")
+    mod.length = lambda prompts, texts: [len(t) for t in texts]
+    mod.short = lambda prompts, texts: [1.0]
+    mod.nan = lambda prompts, texts: [float("nan")] * len(texts)
+    sys.modules["winnow_test_reward"] = mod
+    assert PythonReward("winnow_test_reward:length")([_item("abc"), _item("hello")], Meter(1)) == [3.0, 5.0]
+    with pytest.raises(RuntimeError, match="returned 1 values for 2"):
+        PythonReward("winnow_test_reward:short")([_item("a"), _item("b")], Meter(1))
+    with pytest.raises(RuntimeError, match="non-finite"):
+        PythonReward("winnow_test_reward:nan")([_item("a")], Meter(1))
+    with pytest.raises(ValueError, match="models.reward.function"):
+        PythonReward("winnow_test_reward:missing")
+
+
+def test_model_reward_renders_with_its_own_template_and_batches():
+    from tests.trio import config
+    from workers.runner import Runner
+
+    runner = Runner(config())
+    scorer = runner.reward
+    items = [_item(t, group=g) for g, t in enumerate(["the dog runs in the field .", "a cat sleeps .", "the"])]
+    meter = Meter(3)
+    got = scorer(items, meter)
+    tok = scorer.tok
+    assert tok.get_vocab() != runner.tokenizer.get_vocab()  # the retokenising path is real
+    for it, g in zip(items, got):
+        text = tok.apply_chat_template(
+            it.prompt + [{"role": "assistant", "content": it.text}], tokenize=False
+        )
+        ids = torch.tensor([tok(text, add_special_tokens=False)["input_ids"]])
+        with torch.inference_mode():
+            ref = scorer.model(input_ids=ids).logits[0, 0].item()
+        assert g == pytest.approx(ref, abs=1e-4)
+    assert meter.forwards["reward"].tolist() == [1, 1, 1]
+    small = type(scorer)(scorer.model, scorer.tok, batch_tokens=64)
+    meter2 = Meter(3)
+    assert small(items, meter2) == pytest.approx(got, abs=1e-4)
+    assert int(meter2.tokens["reward"].sum()) == int(meter.tokens["reward"].sum())
+
+
+def test_logprob_reward_is_the_mean_token_logprob():
+    from tests.trio import config
+    from workers.runner import Runner
+
+    runner = Runner(config(models={"reward": {"kind": "logprob"}}))
+    prompt = runner.encode_prompt([{"role": "user", "content": "hello"}])
+    resp = runner.tokenizer("the dog runs .", add_special_tokens=False)["input_ids"]
+    it = Scored(0, [{"role": "user", "content": "hello"}], "the dog runs .", prompt, resp)
+    got = runner.reward([it, it], Meter(1))
+    with torch.inference_mode():
+        logits = runner.target(torch.tensor([prompt + resp])).logits[0].float()
+    lp = torch.log_softmax(logits, -1)
+    ref = sum(lp[len(prompt) - 1 + i, t].item() for i, t in enumerate(resp)) / len(resp)
+    assert got[0] == pytest.approx(ref, abs=1e-4) and got[1] == pytest.approx(ref, abs=1e-4)

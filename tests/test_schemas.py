@@ -1,0 +1,76 @@
+"""The job config: every error at once, each naming its field; the output row schema."""
+
+from __future__ import annotations
+
+import pytest
+
+from schemas.base import ConfigError
+from schemas.config import apply_overrides, validate_config
+from schemas.rows import ROW_SCHEMA, error_row, rows_to_table
+
+GOOD = {
+    "name": "x",
+    "data": {"source": "builtin:demo-prompts"},
+    "models": {"target": "builtin:tiny-target", "reward": {"kind": "lexical"}},
+    "method": {"name": "best_of_n", "n": 4},
+    "output": {"path": "runs/x"},
+}
+
+
+def problems(data):
+    with pytest.raises(ConfigError) as e:
+        validate_config(data)
+    return e.value.problems
+
+
+def test_every_error_is_reported_at_once_with_its_field():
+    bad = {**GOOD, "data": {"source": "a", "limitt": 3}, "method": {"name": "speculative_rejection", "alpha": 1.5},
+           "generation": {"temperature": -1, "top_p": 0}, "resources": {"workers": 0}}
+    got = problems(bad)
+    fields = [p.split(":")[0] for p in got]
+    assert fields == ["data.limitt", "method.alpha", "generation.temperature", "generation.top_p", "resources.workers"]
+    assert "unknown key" in got[0] and "less than 1" in got[1] and "(got 1.5)" in got[1]
+
+
+def test_method_is_a_discriminated_union():
+    assert "unknown value 'bon'" in problems({**GOOD, "method": {"name": "bon"}})[0]
+    assert problems({**GOOD, "method": {"name": "greedy", "n": 3}}) == ["method.n: unknown key (not a field of this section; check its spelling)"]
+    assert problems({**GOOD, "method": {"n": 3}})[0].startswith("method: field 'name' is required")
+    cfg = validate_config({**GOOD, "method": {"name": "cdsl", "validation": "sampling"},
+                           "models": {**GOOD["models"], "draft": "builtin:tiny-draft"}})
+    assert cfg.method.lookahead == 3 and cfg.method.validation == "sampling"
+
+
+def test_cross_field_rules_name_the_field():
+    got = problems({**GOOD, "models": {"target": "t"}, "method": {"name": "speculative_rejection"}})
+    assert got[0].startswith("models.reward: required by method 'speculative_rejection'")
+    assert got[1].startswith("method.memory_budget_mb: required on CPU")
+    got = problems({**GOOD, "method": {"name": "mjsd"}})
+    assert got == ["models.draft: required by method 'mjsd'"]
+    got = problems({**GOOD, "generation": {"sampler": "speculative"}})
+    assert got == ["models.draft: required by generation.sampler 'speculative'"]
+    ok = {**GOOD, "method": {"name": "speculative_rejection"}, "resources": {"gpus_per_worker": 1}}
+    assert validate_config(ok).method.memory_budget_mb is None  # measured on the GPU
+
+
+def test_set_overrides_parse_yaml_values_and_name_bad_keys():
+    out = apply_overrides(GOOD, ["method.n=32", "data.limit=8", "generation.temperature=0", "models.draft=null"])
+    assert out["method"]["n"] == 32 and out["data"]["limit"] == 8 and out["models"]["draft"] is None
+    assert GOOD["method"]["n"] == 4  # the input is not modified
+    with pytest.raises(ConfigError) as e:
+        apply_overrides(GOOD, ["method.n", "name.x=3"])
+    assert "expected KEY=VALUE" in e.value.problems[0] and "name is not a section" in e.value.problems[1]
+
+
+def test_config_hash_is_stable_and_sensitive():
+    a, b = validate_config(GOOD), validate_config(dict(GOOD))
+    assert a.hash() == b.hash()
+    assert a.hash() != validate_config({**GOOD, "seed": 1}).hash()
+
+
+def test_rows_to_table_has_the_spec_schema_and_refuses_unknown_stats():
+    row = error_row("p1", [{"role": "user", "content": "hi"}], "best_of_n", "empty prompt")
+    t = rows_to_table([row])
+    assert t.schema == ROW_SCHEMA and t.column("error")[0].as_py() == "empty prompt"
+    with pytest.raises(KeyError, match="not_a_stat"):
+        rows_to_table([{**row, "stats": {"not_a_stat": 1}}])
