@@ -1,0 +1,83 @@
+"""`winnow build-sft RUN_DIR... --out DIR`: an Expert-Iteration SFT dataset from generation runs.
+
+The logic is in `jobs.sft` (selection) and `jobs.sft_output` (files); this module parses arguments and reports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from jobs.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_RUNTIME, InputError
+from jobs.run_folders import check_out, load_runs
+from jobs.sft import DROP_REASONS, Selection, parse_select, select
+from jobs.sft_output import write_sft
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="winnow build-sft",
+        description="Pool the candidates of one or more runs per prompt_id and keep the best ones as a "
+        "prompt-completion SFT dataset (Parquet + datasets.save_to_disk + dataset card).",
+    )
+    p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folders (local or s3://bucket/prefix)")
+    p.add_argument("--out", required=True, help="output folder (local or s3://); refused if it exists and is not "
+                   "empty, unless --overwrite")
+    p.add_argument("--select", default="best", help="'best' (default) or 'top-k=K': candidates kept per prompt")
+    p.add_argument("--min-reward", type=float, default=None, metavar="R", help="keep only rewards >= R")
+    p.add_argument("--include-rejected", action="store_true",
+                   help="keep candidates Speculative Rejection stopped early (only those that have a reward)")
+    p.add_argument("--include-truncated", action="store_true",
+                   help="keep candidates that hit max_new_tokens (finish_reason 'length')")
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as exc:  # argparse: --help is 0, bad arguments are 2
+        return int(exc.code or 0)
+    problems: list[str] = []
+    try:
+        k = parse_select(args.select)
+    except InputError as err:
+        problems += err.problems
+    try:
+        check_out(args.out, args.overwrite)
+    except InputError as err:
+        problems += err.problems
+    try:
+        runs = load_runs(args.runs)
+    except InputError as err:
+        problems += err.problems
+    try:
+        if problems:
+            raise InputError(problems)
+        sel = Selection(k=k, min_reward=args.min_reward,
+                        include_rejected=args.include_rejected, include_truncated=args.include_truncated)
+        result = select(runs, sel)
+        if result.table.num_rows == 0:
+            counts = ", ".join(f"{why}={n}" for why, n in result.dropped.items() if n)
+            raise InputError(f"{', '.join(r.uri for r in runs)}: no candidate passed the selection "
+                             f"({result.prompts_seen} prompts; dropped: {counts or 'none'})")
+    except InputError as err:
+        for line in err.problems:
+            print(f"winnow build-sft: {line}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        write_sft(result, runs, sel, args.out, argv)
+    except Exception as err:  # noqa: BLE001 - any failure while writing is a run-time failure (exit 1)
+        print(f"winnow build-sft: failed writing {args.out}: {type(err).__name__}: {err}", file=sys.stderr)
+        return EXIT_RUNTIME
+    print(f"wrote {result.table.num_rows} examples for {result.prompts_kept} of {result.prompts_seen} prompts "
+          f"from {len(runs)} run(s) to {args.out}")
+    for reason in DROP_REASONS:
+        if result.dropped.get(reason):
+            print(f"  dropped {result.dropped[reason]} candidate(s): {reason}")
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""`winnow report RUN_DIR... --out DIR [--baseline RUN_DIR]`: which run gave the most reward per dollar.
+
+Writes report.md (winner first, tables, plots), report.json (every number) and PNG plots. The metrics and their
+definitions (improvement score, relative compute, reward gained per USD) are in `jobs.reporting`; the files are
+assembled in `jobs.report_render`. Without --baseline the first RUN_DIR is the baseline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from jobs.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_RUNTIME, InputError
+from jobs.report_render import headline, order_runs, write_report
+from jobs.run_folders import check_out, load_run, load_runs, normalise_uri
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="winnow report",
+        description="Compare runs by cost per unit of reward, and against a baseline by paper 001's improvement "
+        "score and relative compute. Writes report.md, report.json and PNG plots to --out.",
+    )
+    p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folders (local or s3://bucket/prefix)")
+    p.add_argument("--out", required=True, help="report folder (local or s3://); refused if it exists and is not "
+                   "empty, unless --overwrite")
+    p.add_argument("--baseline", default=None, metavar="RUN_DIR",
+                   help="the run others are compared with (default: the first RUN_DIR); added to the report if "
+                   "it is not one of the RUN_DIRs")
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as exc:  # argparse: --help is 0, bad arguments are 2
+        return int(exc.code or 0)
+    problems: list[str] = []
+    try:
+        check_out(args.out, args.overwrite)
+    except InputError as err:
+        problems += err.problems
+    runs, baseline = [], None
+    try:
+        runs = load_runs(args.runs)
+    except InputError as err:
+        problems += err.problems
+    in_runs = args.baseline is not None and normalise_uri(args.baseline) in {normalise_uri(u) for u in args.runs}
+    if args.baseline is not None and not in_runs:
+        try:
+            baseline = load_run(args.baseline)
+        except InputError as err:
+            problems += [f"--baseline {line}" for line in err.problems]
+    if problems:
+        for line in problems:
+            print(f"winnow report: {line}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if in_runs:
+        baseline = next(r for r in runs if r.uri == normalise_uri(args.baseline))
+    ordered, base_index = order_runs(runs, baseline)
+    try:
+        report = write_report(ordered, base_index, args.out)
+    except Exception as err:  # noqa: BLE001 - any failure while computing or writing is a run-time failure (exit 1)
+        print(f"winnow report: failed writing {args.out}: {type(err).__name__}: {err}", file=sys.stderr)
+        return EXIT_RUNTIME
+    print(headline(report).replace("**", ""))
+    print(f"wrote {args.out}/report.md, report.json and {len(report['plots'])} plot(s)")
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,236 @@
+"""Cost-per-reward metrics of runs, and Speculative Rejection's (paper 001) metrics against a baseline run.
+
+Terms (paper 001, section 5 "Performance Metrics"; Z_1..Z_N are the baseline's *finished* candidates of a prompt,
+i.e. finish_reason ``eos`` or ``length`` with a final reward, and Y is the compared run's best response):
+
+- **improvement score** (equation 8), per prompt:
+  ``100 * (1 - (max_k s(Z_k) - s(Y)) / (max_k s(Z_k) - min_k s(Z_k)))``, averaged over prompts. It is 100 when Y
+  is as good as the baseline's best, 0 when as bad as its worst; it is not clipped. A prompt whose baseline rewards
+  are all equal (max = min, e.g. a one-candidate baseline) has no defined score: it is left out and counted.
+- **relative compute** (equation 7): ``T / T_baseline`` with T the device-seconds of a prompt (the paper's
+  "T x #GPUs"). The headline value is the ratio of the summed device-seconds over the prompts both runs completed
+  (what the bill scales with; robust to per-prompt noise in batched timing); the paper's literal per-prompt ratio,
+  averaged over prompts, is reported beside it as ``relative_compute_mean_of_ratios``.
+- **baseline single-sample reward** of a prompt: the mean of s(Z_k), the expected reward of one baseline sample
+  with no selection. **reward gain** of a prompt: s(Y) minus that. **reward gained per USD**: mean reward gain over
+  matched prompts divided by the mean USD per prompt over the same prompts; the report ranks runs by it.
+  **USD per unit reward gained** is its inverse, defined only where the mean gain is positive.
+- **USD** of a prompt: ``device_seconds / 3600 * cost.usd_per_device_hour`` of that run's manifest.
+- **partial/final reward correlation** (paper 001, appendix B): for one prompt and one decision index d, Pearson's
+  r and Kendall's tau (scipy's tau-b, equal to the paper's definition when there are no ties) between the
+  candidates' partial reward at decision d and their final reward, over candidates that have both. Candidates
+  rejected by Speculative Rejection have no final reward, so they are not in it (the survivors are a truncated
+  sample, which lowers the correlation the paper measured on every candidate).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats as sstats
+
+from jobs.run_folders import Run
+
+FINISHED = ("eos", "length")
+MIN_CORRELATION_POINTS = 3
+
+
+def _mean(xs):
+    return statistics.fmean(xs) if xs else None
+
+
+def _spread(xs: list[float]) -> dict:
+    """mean, std (population), median and quartiles of xs; None for each when xs is empty."""
+    if not xs:
+        return {"mean": None, "std": None, "median": None, "q25": None, "q75": None, "n": 0}
+    a = np.asarray(xs, dtype=float)
+    return {"mean": float(a.mean()), "std": float(a.std()), "median": float(np.median(a)),
+            "q25": float(np.percentile(a, 25)), "q75": float(np.percentile(a, 75)), "n": int(a.size)}
+
+
+def usd(device_seconds: float, usd_per_device_hour: float) -> float:
+    """What device_seconds cost at a price per device-hour."""
+    return device_seconds / 3600.0 * usd_per_device_hour
+
+
+def ok_rows(run: Run) -> dict[str, dict]:
+    """prompt_id -> row, for the rows without an error."""
+    return {r["prompt_id"]: r for r in run.rows if r["error"] is None}
+
+
+def finished_rewards(row: dict) -> list[float]:
+    """Final rewards s(Z_k) of a row's finished candidates (eos or length, reward not null)."""
+    return [c["reward"] for c in row["candidates"] or [] if c["finish_reason"] in FINISHED and c["reward"] is not None]
+
+
+def run_summary(run: Run) -> dict:
+    """Per-run numbers: prompts, errors, best reward spread, tokens, device-seconds and USD per prompt.
+
+    Per-prompt means are over the prompts without an error; totals (device-seconds, USD) include errored rows.
+    ``usd_per_reward`` (USD per prompt / mean best reward) is only defined when the mean best reward is positive.
+    """
+    good = list(ok_rows(run).values())
+    price = run.usd_per_device_hour
+    best = [r["best_reward"] for r in good if r["best_reward"] is not None]
+    seconds = [r["cost"]["device_seconds"] for r in good]
+    out = {
+        "prompts": len(run.rows),
+        "errors": len(run.rows) - len(good),
+        "superseded_error_rows": run.superseded_errors,
+        "best_reward": _spread(best),
+        "mean_best_reward": _mean(best),
+        "generated_tokens_per_prompt": _mean([sum(c["num_tokens"] or 0 for c in r["candidates"]) for r in good]),
+        "target_tokens_per_prompt": _mean([r["cost"]["target_tokens"] for r in good]),
+        "draft_tokens_per_prompt": _mean([r["cost"]["draft_tokens"] for r in good]),
+        "device_seconds_per_prompt": _mean(seconds),
+        "device_seconds": _spread(seconds),
+        "usd_per_device_hour": price,
+        "usd_per_prompt": None if not seconds else usd(statistics.fmean(seconds), price),
+        "usd_prompt_spread": _spread([usd(s, price) for s in seconds]),
+        "device_seconds_total": sum(r["cost"]["device_seconds"] for r in run.rows),
+    }
+    out["usd_total"] = usd(out["device_seconds_total"], price)
+    m, cost = out["mean_best_reward"], out["usd_per_prompt"]
+    out["usd_per_reward"] = cost / m if (m is not None and m > 0 and cost is not None) else None
+    return out
+
+
+def improvement_score(y: float, z: list[float]) -> float | None:
+    """Equation 8 of paper 001 for one prompt: 100 * (1 - (max Z - y) / (max Z - min Z)); None if max Z == min Z."""
+    hi, lo = max(z), min(z)
+    if hi == lo:
+        return None
+    return 100.0 * (1.0 - (hi - y) / (hi - lo))
+
+
+@dataclass
+class Matched:
+    """One prompt both runs completed: the run's best reward Y, the baseline's finished rewards Z, device-seconds."""
+
+    prompt_id: str
+    y: float
+    z: list[float]
+    t: float
+    t_base: float
+
+
+def match(run: Run, base: Run) -> list[Matched]:
+    """Prompts (by prompt_id) without error in both runs, where the run has a best reward."""
+    mine, theirs = ok_rows(run), ok_rows(base)
+    out = []
+    for pid in sorted(set(mine) & set(theirs)):
+        r, b = mine[pid], theirs[pid]
+        if r["best_reward"] is None:
+            continue
+        out.append(Matched(pid, r["best_reward"], finished_rewards(b), r["cost"]["device_seconds"],
+                           b["cost"]["device_seconds"]))
+    return out
+
+
+def compare(run: Run, base: Run) -> dict:
+    """Improvement score, relative compute and reward gained per USD of `run` against `base` (module docstring)."""
+    pairs = match(run, base)
+    with_z = [m for m in pairs if m.z]
+    scores = [improvement_score(m.y, m.z) for m in with_z]
+    defined = [s for s in scores if s is not None]
+    sum_t, sum_base = sum(m.t for m in pairs), sum(m.t_base for m in pairs)
+    ratios = [m.t / m.t_base for m in pairs if m.t_base > 0]
+    gains = [m.y - statistics.fmean(m.z) for m in with_z]
+    usd_matched = usd(statistics.fmean([m.t for m in with_z]), run.usd_per_device_hour) if with_z else None
+    mean_gain = _mean(gains)
+    per_usd = mean_gain / usd_matched if (mean_gain is not None and usd_matched) else None
+    return {
+        "matched_prompts": len(pairs),
+        "prompts_with_baseline_rewards": len(with_z),
+        "improvement_score": _mean(defined),
+        "improvement_score_prompts": len(defined),
+        "improvement_score_excluded_equal_rewards": len(scores) - len(defined),
+        "relative_compute": sum_t / sum_base if sum_base > 0 else None,
+        "relative_compute_mean_of_ratios": _mean(ratios),
+        "baseline_single_sample_reward": _mean([statistics.fmean(m.z) for m in with_z]),
+        "mean_best_reward_matched": _mean([m.y for m in with_z]),
+        "mean_reward_gain": mean_gain,
+        "usd_per_prompt_matched": usd_matched,
+        "reward_gain_per_usd": per_usd,
+        "usd_per_reward_gain": usd_matched / mean_gain if (mean_gain is not None and mean_gain > 0) else None,
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Partial against final rewards (paper 001, appendix B)
+
+
+def correlation_points(row: dict) -> dict[int, tuple[list[float], list[float]]]:
+    """decision index -> (partial rewards at that decision, final rewards), over candidates with both."""
+    points: dict[int, tuple[list[float], list[float]]] = {}
+    for c in row["candidates"] or []:
+        if c["reward"] is None:
+            continue
+        for d, p in enumerate(c["partial_rewards"] or []):
+            if p is None:
+                continue
+            xs, ys = points.setdefault(d, ([], []))
+            xs.append(p)
+            ys.append(c["reward"])
+    return points
+
+
+def correlate(xs: list[float], ys: list[float]) -> tuple[float, float] | None:
+    """(Pearson r, Kendall tau-b) of xs and ys; None with fewer than 3 points or a constant side."""
+    if len(xs) < MIN_CORRELATION_POINTS or len(set(xs)) < 2 or len(set(ys)) < 2:
+        return None
+    r = float(sstats.pearsonr(xs, ys).statistic)
+    tau = float(sstats.kendalltau(xs, ys).statistic)
+    return r, tau
+
+
+def correlations(run: Run) -> dict:
+    """Per (prompt, decision index) correlations of one run, and their summary per decision index."""
+    records, skipped = [], 0
+    for pid, row in sorted(ok_rows(run).items()):
+        for d, (xs, ys) in sorted(correlation_points(row).items()):
+            got = correlate(xs, ys)
+            if got is None:
+                skipped += 1
+                continue
+            records.append({"prompt_id": pid, "decision": d, "n": len(xs), "pearson": got[0], "kendall": got[1]})
+    by_decision = []
+    for d in sorted({r["decision"] for r in records}):
+        rs = [r for r in records if r["decision"] == d]
+        p, k = [r["pearson"] for r in rs], [r["kendall"] for r in rs]
+        by_decision.append({
+            "decision": d, "prompts": len(rs), "mean_candidates": statistics.fmean(r["n"] for r in rs),
+            "pearson_mean": statistics.fmean(p), "pearson_median": statistics.median(p),
+            "kendall_mean": statistics.fmean(k), "kendall_median": statistics.median(k),
+        })
+    overall = None
+    if records:
+        p, k = [r["pearson"] for r in records], [r["kendall"] for r in records]
+        overall = {"pairs": len(records), "pearson_mean": statistics.fmean(p),
+                   "pearson_median": statistics.median(p), "kendall_mean": statistics.fmean(k),
+                   "kendall_median": statistics.median(k)}
+    return {"records": records, "by_decision": by_decision, "overall": overall, "skipped": skipped}
+
+
+def sample_prompt(run: Run) -> str | None:
+    """The prompt with the most candidates that have both a partial and a final reward (ties: smallest id)."""
+    best, best_n = None, 0
+    for pid, row in sorted(ok_rows(run).items()):
+        n = sum(1 for c in row["candidates"] or [] if c["reward"] is not None and c["partial_rewards"])
+        if n > best_n:
+            best, best_n = pid, n
+    return best if best_n >= MIN_CORRELATION_POINTS else None
+
+
+def finite(x):
+    """JSON-safe value: NaN and infinities become None, recursively."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [finite(v) for v in x]
+    return x

@@ -1,0 +1,243 @@
+"""Reading run folders and writing output folders, local or remote, through one fsspec code path.
+
+A run folder (SPEC.md "Output folder") is ``RUN/manifest.json`` plus ``RUN/candidates/*.parquet``; it may be a
+local path, ``s3://bucket/prefix`` or any fsspec URL (``memory://`` in tests). Parquet files are read as one
+dataset whatever their names (Ray Data picks its own). Output folders are written to a temporary sibling first and
+moved into place at the end, so a failure leaves no half-written ``--out``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import posixpath
+import shutil
+import uuid
+from dataclasses import dataclass
+from typing import Iterator
+
+import fsspec
+import pyarrow as pa
+import pyarrow.dataset as pads
+from fsspec.implementations.local import LocalFileSystem
+from pydantic import ValidationError
+
+from jobs.errors import InputError
+from schemas.manifest import Manifest
+from schemas.rows import ROW_SCHEMA
+
+# Columns the tools read; others (new ones the job adds) are ignored.
+READ_COLUMNS = ["prompt_id", "prompt", "method", "candidates", "best_index", "best_text", "best_reward", "cost",
+                "error"]
+
+
+@dataclass
+class Run:
+    """One run folder: where it is, its manifest, and its rows (one per prompt, deduplicated by prompt_id)."""
+
+    uri: str
+    manifest: Manifest
+    rows: list[dict]
+    superseded_errors: int = 0  # errored rows dropped because the same prompt_id also has a successful row
+
+    @property
+    def name(self) -> str:
+        return self.manifest.name
+
+    @property
+    def method(self) -> str:
+        return self.manifest.config["method"]["name"]
+
+    @property
+    def usd_per_device_hour(self) -> float:
+        return float(self.manifest.config["cost"]["usd_per_device_hour"])
+
+
+def filesystem(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
+    """The fsspec filesystem of a URL or local path, and the path inside it (no trailing slash)."""
+    fs, path = fsspec.core.url_to_fs(uri)
+    return fs, path.rstrip("/") or path
+
+
+def normalise_uri(uri: str) -> str:
+    """A user-given path or URL without its trailing slash, so that `a/` and `a` name the same run."""
+    return uri.rstrip("/") or uri
+
+
+def _manifest_problems(uri: str, data: object) -> tuple[Manifest | None, list[str]]:
+    where = f"{uri}/manifest.json"
+    try:
+        manifest = Manifest.model_validate(data)
+    except ValidationError as err:
+        lines = [f"{where}: {'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors()]
+        return None, lines
+    problems = []
+    cfg = manifest.config
+    method = cfg.get("method")
+    if not isinstance(method, dict) or not isinstance(method.get("name"), str):
+        problems.append(f"{where}: config.method.name: missing; the resolved config must name its method")
+    cost = cfg.get("cost")
+    price = cost.get("usd_per_device_hour") if isinstance(cost, dict) else None
+    if not isinstance(price, (int, float)) or isinstance(price, bool) or price < 0:
+        problems.append(f"{where}: config.cost.usd_per_device_hour: missing or not a number >= 0 (got {price!r})")
+    return manifest, problems
+
+
+def _candidate_files(fs, path: str) -> list[str]:
+    folder = posixpath.join(path, "candidates")
+    if not fs.isdir(folder):
+        return []
+    files = []
+    for f in sorted(fs.find(folder)):
+        base = posixpath.basename(f)
+        if base.endswith(".parquet") and not base.startswith((".", "_")):
+            files.append(f)
+    return files
+
+
+def _read_rows(fs, files: list[str], uri: str) -> list[dict]:
+    try:
+        dataset = pads.dataset(files, filesystem=fs, format="parquet")
+        missing = [c for c in READ_COLUMNS if c not in dataset.schema.names]
+        if missing:
+            raise InputError(f"{uri}/candidates: columns {missing} missing; expected schemas.rows.ROW_SCHEMA")
+        table = dataset.to_table(columns=READ_COLUMNS)
+        target = pa.schema([ROW_SCHEMA.field(c) for c in READ_COLUMNS])
+        table = table.cast(target)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OSError) as err:
+        raise InputError(f"{uri}/candidates: not readable as rows of schemas.rows.ROW_SCHEMA: {err}") from None
+    return table.to_pylist()
+
+
+def _dedupe(rows: list[dict], uri: str) -> tuple[list[dict], int]:
+    """One row per prompt_id. An errored row is superseded by a successful row of the same prompt (a retry);
+    two successful rows of one prompt_id in one run break the one-row-per-prompt contract and are refused."""
+    by_id: dict[str, dict] = {}
+    superseded = 0
+    for row in rows:
+        pid = row["prompt_id"]
+        if pid is None:
+            raise InputError(f"{uri}/candidates: a row has a null prompt_id")
+        seen = by_id.get(pid)
+        if seen is None:
+            by_id[pid] = row
+        elif seen["error"] is None and row["error"] is None:
+            raise InputError(f"{uri}/candidates: prompt_id {pid!r} has two successful rows; expected one per prompt")
+        else:
+            superseded += 1
+            if seen["error"] is not None and row["error"] is None:
+                by_id[pid] = row
+    return list(by_id.values()), superseded
+
+
+def load_run(uri: str) -> Run:
+    """Read one run folder; raises InputError naming the path if it is missing, empty or malformed."""
+    uri = normalise_uri(uri)
+    fs, path = filesystem(uri)
+    if not fs.isdir(path):
+        raise InputError(f"{uri}: run folder not found")
+    manifest_path = posixpath.join(path, "manifest.json")
+    if not fs.isfile(manifest_path):
+        raise InputError(f"{uri}/manifest.json: not found; is {uri} a run folder?")
+    try:
+        with fs.open(manifest_path, "rb") as f:
+            data = json.loads(f.read().decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as err:
+        raise InputError(f"{uri}/manifest.json: not valid JSON: {err}") from None
+    manifest, problems = _manifest_problems(uri, data)
+    if problems:
+        raise InputError(problems)
+    files = _candidate_files(fs, path)
+    if not files:
+        raise InputError(f"{uri}/candidates: no .parquet files; the run has written no rows")
+    rows, superseded = _dedupe(_read_rows(fs, files, uri), uri)
+    return Run(uri=uri, manifest=manifest, rows=rows, superseded_errors=superseded)
+
+
+def load_runs(uris: list[str]) -> list[Run]:
+    """Read every run folder, reporting every bad one at once (InputError), and refusing one given twice."""
+    problems, runs, seen = [], [], set()
+    for uri in uris:
+        key = normalise_uri(uri)
+        if key in seen:
+            problems.append(f"{key}: run folder given twice")
+            continue
+        seen.add(key)
+        try:
+            runs.append(load_run(uri))
+        except InputError as err:
+            problems.extend(err.problems)
+    if problems:
+        raise InputError(problems)
+    return runs
+
+
+def unique_labels(runs: list[Run]) -> list[str]:
+    """Run names for tables and plots; a name shared by several runs gets ``#2``, ``#3``... in argument order."""
+    counts: dict[str, int] = {}
+    labels = []
+    for run in runs:
+        n = counts.get(run.name, 0) + 1
+        counts[run.name] = n
+        labels.append(run.name if n == 1 else f"{run.name}#{n}")
+    return labels
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Output folders
+
+
+def check_out(uri: str, overwrite: bool) -> None:
+    """Refuse (InputError) an --out that exists and is not empty unless overwrite, or that is a file."""
+    fs, path = filesystem(uri)
+    if fs.isfile(path):
+        raise InputError(f"{uri}: --out exists and is a file, not a folder")
+    if fs.isdir(path) and fs.find(path) and not overwrite:
+        raise InputError(f"{uri}: --out exists and is not empty; pass --overwrite to replace it")
+
+
+@contextlib.contextmanager
+def staged_out(uri: str) -> Iterator[tuple[fsspec.AbstractFileSystem, str]]:
+    """Yield (fs, temporary folder) beside ``uri``; on success put its files at ``uri``, replacing what is there.
+
+    On an exception the temporary folder is removed and ``uri`` is left as it was. On a local disk the swap is two
+    renames (the old folder is moved aside first and deleted last), so an interruption leaves the old or the new
+    folder. Object stores (S3) have no rename: there the old files are deleted and the new ones copied object by
+    object, which is not atomic, but nothing is touched until every file was written to the temporary folder.
+    """
+    fs, path = filesystem(uri)
+    token = uuid.uuid4().hex[:12]
+    tmp = f"{path}.tmp-{token}"
+    try:
+        fs.makedirs(tmp, exist_ok=True)
+        yield fs, tmp
+        _swap(fs, tmp, path, token)
+    finally:
+        if fs.exists(tmp):
+            fs.rm(tmp, recursive=True)
+
+
+def _swap(fs, tmp: str, path: str, token: str) -> None:
+    if isinstance(fs, LocalFileSystem):
+        old = f"{path}.old-{token}"
+        had_old = os.path.lexists(path)
+        if had_old:
+            os.rename(path, old)
+        os.rename(tmp, path)
+        if had_old:
+            shutil.rmtree(old)
+        return
+    if fs.exists(path):
+        fs.rm(path, recursive=True)
+    for src in fs.find(tmp):
+        dst = path + src[len(tmp):]
+        fs.copy(src, dst)
+
+
+def write_bytes(fs, path: str, data: bytes) -> None:
+    parent = posixpath.dirname(path)
+    if parent:
+        fs.makedirs(parent, exist_ok=True)
+    with fs.open(path, "wb") as f:
+        f.write(data)

@@ -1,0 +1,190 @@
+"""Expert-Iteration SFT data from runs: pool every run's candidates per prompt, filter, select, write.
+
+Terms. A *candidate* is one response a method started for a prompt (SPEC.md `candidates`). It is *finished* when
+its finish_reason is ``eos``; *truncated* when ``length`` (it hit max_new_tokens); *rejected* when Speculative
+Rejection stopped it early (its reward is null). Candidates of one prompt_id are *pooled* across runs, so the best
+response across methods wins. The output is TRL's conversational prompt-completion form: ``prompt`` is the chat
+messages and ``completion`` is a list with one assistant message.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+from jobs.errors import InputError
+from jobs.run_folders import Run, unique_labels
+
+MESSAGE = pa.struct([("role", pa.string()), ("content", pa.string())])
+SFT_SCHEMA = pa.schema(
+    [
+        ("prompt", pa.list_(MESSAGE)),
+        ("completion", pa.list_(MESSAGE)),
+        ("prompt_id", pa.string()),
+        ("reward", pa.float64()),
+        ("source_run", pa.string()),
+        ("source_method", pa.string()),
+        ("source_config_hash", pa.string()),
+        ("finish_reason", pa.string()),
+    ]
+)
+
+# Reasons a candidate is dropped, in the order the filters apply; the dataset card lists them in this order.
+DROP_REASONS = {
+    "errored_row": "the prompt's row has an error",
+    "rejected": "finish_reason 'rejected' (stopped early by Speculative Rejection); see --include-rejected",
+    "truncated": "finish_reason 'length' (hit max_new_tokens); see --include-truncated",
+    "null_reward": "no final reward",
+    "empty_text": "null or empty text",
+    "duplicate": "same prompt_id and same text as another candidate (the higher reward is kept)",
+    "below_min_reward": "reward below --min-reward",
+    "not_selected": "not among the prompt's selected candidates (--select)",
+}
+
+
+@dataclass(frozen=True)
+class Selection:
+    """How candidates are chosen per prompt: the top ``k`` by reward (``best`` is k = 1), at least ``min_reward``."""
+
+    k: int = 1
+    min_reward: float | None = None
+    include_rejected: bool = False
+    include_truncated: bool = False
+
+    def describe(self) -> str:
+        rule = "the best candidate" if self.k == 1 else f"the top {self.k} candidates"
+        parts = [f"{rule} by final reward per prompt_id, pooled over all source runs"]
+        if self.min_reward is not None:
+            parts.append(f"with reward >= {self.min_reward:g}")
+        parts.append("rejected candidates " + ("included" if self.include_rejected else "excluded"))
+        parts.append("truncated (finish_reason 'length') candidates "
+                     + ("included" if self.include_truncated else "excluded"))
+        parts.append("duplicate texts per prompt_id dropped")
+        return "; ".join(parts)
+
+    @property
+    def flag(self) -> str:
+        return "best" if self.k == 1 else f"top-k={self.k}"
+
+
+def parse_select(text: str) -> int:
+    """``best`` -> 1, ``top-k=K`` -> K (K >= 1); anything else is an InputError naming --select."""
+    if text == "best":
+        return 1
+    m = re.fullmatch(r"top-k=(\d+)", text)
+    if not m or int(m.group(1)) < 1:
+        raise InputError(f"--select {text!r}: expected 'best' or 'top-k=K' with K >= 1, e.g. top-k=4")
+    return int(m.group(1))
+
+
+@dataclass
+class SftResult:
+    """The selected examples (an Arrow table in SFT_SCHEMA) and the counts the dataset card reports."""
+
+    table: pa.Table
+    prompts_seen: int
+    prompts_errored_everywhere: int
+    prompts_kept: int
+    candidates_seen: int
+    dropped: Counter = field(default_factory=Counter)
+
+
+def _check_same_prompt(pooled: dict, pid: str, prompt: list[dict], label: str) -> None:
+    first = pooled.get(pid)
+    if first is not None and first[0] != prompt:
+        raise InputError(
+            f"prompt_id {pid!r}: different prompt messages in runs {first[1]!r} and {label!r}; "
+            "pooling needs the same prompt under one prompt_id"
+        )
+
+
+def _keep_candidate(cand: dict, sel: Selection) -> str | None:
+    """The drop reason of one candidate under the per-candidate filters, or None to keep it."""
+    reason = cand["finish_reason"]
+    if reason == "rejected" and not sel.include_rejected:
+        return "rejected"
+    if reason == "length" and not sel.include_truncated:
+        return "truncated"
+    if cand["reward"] is None:
+        return "null_reward"
+    if not cand["text"]:
+        return "empty_text"
+    return None
+
+
+def pool_candidates(runs: list[Run], sel: Selection) -> tuple[dict[str, list[dict]], dict, Counter, int, set]:
+    """Per prompt_id, the candidates of every run that pass the per-candidate filters, duplicates removed.
+
+    Returns (pool, prompts, dropped counts, candidates seen, prompt_ids with a successful row somewhere).
+    """
+    pool: dict[str, dict[str, dict]] = {}  # prompt_id -> text -> candidate record
+    prompts: dict[str, tuple[list[dict], str]] = {}
+    dropped: Counter = Counter()
+    seen = 0
+    ok_ids: set[str] = set()
+    for label, run in zip(unique_labels(runs), runs):
+        for row in run.rows:
+            pid = row["prompt_id"]
+            _check_same_prompt(prompts, pid, row["prompt"], label)
+            prompts.setdefault(pid, (row["prompt"], label))
+            cands = row["candidates"] or []
+            seen += len(cands)
+            if row["error"] is not None:
+                dropped["errored_row"] += len(cands)
+                continue
+            ok_ids.add(pid)
+            texts = pool.setdefault(pid, {})
+            for index, cand in enumerate(cands):
+                why = _keep_candidate(cand, sel)
+                if why:
+                    dropped[why] += 1
+                    continue
+                record = {
+                    "text": cand["text"], "reward": cand["reward"], "finish_reason": cand["finish_reason"],
+                    "source_run": label, "source_method": run.method,
+                    "source_config_hash": run.manifest.config_hash,
+                }
+                other = texts.get(cand["text"])
+                dropped["duplicate"] += other is not None
+                if other is None or cand["reward"] > other["reward"]:
+                    texts[cand["text"]] = record
+    flat = {pid: list(texts.values()) for pid, texts in pool.items()}
+    return flat, prompts, dropped, seen, ok_ids
+
+
+def select(runs: list[Run], sel: Selection) -> SftResult:
+    """Pool, filter and select candidates per prompt_id (see module docstring); rows sorted by prompt_id, reward."""
+    pool, prompts, dropped, seen, ok_ids = pool_candidates(runs, sel)
+    rows = []
+    for pid in sorted(pool):
+        # Highest reward first; ties keep the earlier run and candidate (the pool keeps insertion order).
+        cands = sorted(pool[pid], key=lambda c: -c["reward"])
+        if sel.min_reward is not None:
+            passing = [c for c in cands if c["reward"] >= sel.min_reward]
+            dropped["below_min_reward"] += len(cands) - len(passing)
+            cands = passing
+        dropped["not_selected"] += max(0, len(cands) - sel.k)
+        for c in cands[: sel.k]:
+            rows.append({
+                "prompt": prompts[pid][0],
+                "completion": [{"role": "assistant", "content": c["text"]}],
+                "prompt_id": pid,
+                "reward": c["reward"],
+                "source_run": c["source_run"],
+                "source_method": c["source_method"],
+                "source_config_hash": c["source_config_hash"],
+                "finish_reason": c["finish_reason"],
+            })
+    table = pa.Table.from_pylist(rows, schema=SFT_SCHEMA)
+    kept = len(set(r["prompt_id"] for r in rows))
+    return SftResult(
+        table=table,
+        prompts_seen=len(prompts),
+        prompts_errored_everywhere=len(set(prompts) - ok_ids),
+        prompts_kept=kept,
+        candidates_seen=seen,
+        dropped=dropped,
+    )
