@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
                         include_rejected=args.include_rejected, include_truncated=args.include_truncated)
         result = select(runs, sel)
         if result.table.num_rows == 0:
-            counts = ", ".join(f"{why}={n}" for why, n in result.dropped.items() if n)
+            counts = ", ".join(f"{why}={result.dropped[why]}" for why in DROP_REASONS if result.dropped.get(why))
             raise InputError(f"{', '.join(r.uri for r in runs)}: no candidate passed the selection "
                              f"({result.prompts_seen} prompts; dropped: {counts or 'none'})")
     except InputError as err:

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from conftest_runs import cand, err_row, row, s3_endpoint, write_run  # noqa: F401 (s3_endpoint: fixture)
-from jobs import sft_output
+from jobs import cli, sft_output
 from jobs.build_sft import main
 
 
@@ -198,6 +198,19 @@ def test_existing_out_refused_unless_overwrite(tmp_path, runs, capsys):
     empty = tmp_path / "empty-out"
     empty.mkdir()
     assert main([*runs, "--out", str(empty)]) == 0
+
+
+def test_selection_that_keeps_nothing_is_bad_input(tmp_path, runs, capsys):
+    assert main([*runs, "--out", str(tmp_path / "out"), "--min-reward", "100"]) == 2
+    err = capsys.readouterr().err
+    assert "no candidate passed the selection" in err and runs[0] in err and "below_min_reward=7" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_winnow_cli_dispatches_build_sft(tmp_path, runs):
+    assert cli.main(["build-sft", "--help"]) == 0
+    assert cli.main(["build-sft", *runs, "--out", str(tmp_path / "out")]) == 0
+    assert (tmp_path / "out" / "hf" / "dataset_info.json").is_file()
 
 
 def test_same_prompt_id_with_different_prompts_refused(tmp_path, runs, capsys):
