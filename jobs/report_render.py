@@ -11,7 +11,7 @@ import posixpath
 
 from jobs import report_plots
 from jobs.reporting import compare, correlation_points, correlations, finite, ok_rows, run_summary, sample_prompt
-from jobs.run_folders import Run, staged_out, unique_labels, write_bytes
+from jobs.run_folders import Run, reward_mismatch, staged_out, unique_labels, write_bytes
 
 DEFINITIONS = {
     "baseline": "the run given with --baseline; without it, the first RUN_DIR",
@@ -67,6 +67,7 @@ def build_report(runs: list[Run], base_index: int) -> dict:
         "baseline_path": base.uri,
         "ranking": [e["label"] for e in ranked],
         "winner": ranked[0]["label"] if ranked else None,
+        "warnings": [w for w in [reward_mismatch(runs)] if w],
         "definitions": DEFINITIONS,
         "runs": entries,
     })
@@ -102,11 +103,13 @@ def render_markdown(report: dict, plots: dict[str, str]) -> str:
     """report.md: the winner first, then the ranking, per-run costs, baseline metrics, correlations, plots."""
     runs = {e["label"]: e for e in report["runs"]}
     lines = ["# Winnow report: reward per dollar", "", headline(report), "",
-             f"Baseline: **{report['baseline']}** (`{report['baseline_path']}`).", "",
-             "## Ranking by reward gained per USD", "",
-             "| rank | run | method | prompts matched | mean best reward | baseline single-sample reward | "
-             "mean reward gain | USD / prompt | reward gained / USD | USD / unit reward gained |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             f"Baseline: **{report['baseline']}** (`{report['baseline_path']}`).", ""]
+    for warning in report["warnings"]:
+        lines += [f"**Warning:** {warning}.", ""]
+    lines += ["## Ranking by reward gained per USD", "",
+              "| rank | run | method | prompts matched | mean best reward | baseline single-sample reward | "
+              "mean reward gain | USD / prompt | reward gained / USD | USD / unit reward gained |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     unranked = [label for label in runs if label not in report["ranking"]]
     for i, label in enumerate(report["ranking"] + unranked):
         e, v = runs[label], runs[label]["vs_baseline"]

@@ -96,12 +96,38 @@ def _candidate_files(fs, path: str) -> list[str]:
     return files
 
 
+def _missing_fields(schema: pa.Schema) -> list[str]:
+    """Dotted names of the ROW_SCHEMA fields the tools read that `schema` lacks (extra fields are fine)."""
+
+    def walk(want: pa.DataType, have: pa.DataType, prefix: str) -> list[str]:
+        if pa.types.is_list(want) and pa.types.is_list(have):
+            return walk(want.value_type, have.value_type, prefix + "[]")
+        if pa.types.is_struct(want) and pa.types.is_struct(have):
+            names = [have.field(i).name for i in range(have.num_fields)]
+            out = []
+            for f in want:
+                if f.name not in names:
+                    out.append(f"{prefix}.{f.name}")
+                else:
+                    out += walk(f.type, have.field(f.name).type, f"{prefix}.{f.name}")
+            return out
+        return []
+
+    out = []
+    for name in READ_COLUMNS:
+        if name not in schema.names:
+            out.append(name)
+        else:
+            out += walk(ROW_SCHEMA.field(name).type, schema.field(name).type, name)
+    return out
+
+
 def _read_rows(fs, files: list[str], uri: str) -> list[dict]:
     try:
         dataset = pads.dataset(files, filesystem=fs, format="parquet")
-        missing = [c for c in READ_COLUMNS if c not in dataset.schema.names]
+        missing = _missing_fields(dataset.schema)
         if missing:
-            raise InputError(f"{uri}/candidates: columns {missing} missing; expected schemas.rows.ROW_SCHEMA")
+            raise InputError(f"{uri}/candidates: fields {missing} missing; expected schemas.rows.ROW_SCHEMA")
         table = dataset.to_table(columns=READ_COLUMNS)
         target = pa.schema([ROW_SCHEMA.field(c) for c in READ_COLUMNS])
         table = table.cast(target)
@@ -182,6 +208,20 @@ def unique_labels(runs: list[Run]) -> list[str]:
         counts[run.name] = n
         labels.append(run.name if n == 1 else f"{run.name}#{n}")
     return labels
+
+
+def reward_mismatch(runs: list[Run]) -> str | None:
+    """A warning when the runs' `config.models.reward` differ (their rewards are then not comparable), else None."""
+    setups: dict[str, list[str]] = {}
+    for label, run in zip(unique_labels(runs), runs):
+        models = run.manifest.config.get("models")
+        reward = models.get("reward") if isinstance(models, dict) else None
+        setups.setdefault(json.dumps(reward, sort_keys=True), []).append(label)
+    if len(setups) < 2:
+        return None
+    groups = "; ".join(f"{', '.join(labels)}: {key}" for key, labels in setups.items())
+    return ("the runs use different reward settings (config.models.reward), so their rewards may not be "
+            f"comparable: {groups}")
 
 
 # ---------------------------------------------------------------------------------------------------------------

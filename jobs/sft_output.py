@@ -17,7 +17,7 @@ import datasets
 import numpy as np
 import pyarrow.parquet as pq
 
-from jobs.run_folders import Run, staged_out, unique_labels, write_bytes
+from jobs.run_folders import Run, reward_mismatch, staged_out, unique_labels, write_bytes
 from jobs.sft import DROP_REASONS, Selection, SftResult
 
 PARQUET_PATH = "data/train-00000-of-00001.parquet"
@@ -98,6 +98,9 @@ def dataset_card(result: SftResult, runs: list[Run], sel: Selection, argv: list[
         f"- meaning: {sel.describe()}.",
         "- rewards of different runs are compared as they are; pool runs scored by the same reward model.",
     ]
+    warning = reward_mismatch(runs)
+    if warning:
+        lines.append(f"- **warning**: {warning}.")
     if argv is not None:
         lines.append(f"- command: `winnow build-sft {' '.join(argv)}`")
     lines += ["", "## Source runs", "", "| source_run | method | config hash | status | rows | errors | path |",

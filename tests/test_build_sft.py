@@ -6,6 +6,7 @@ import os
 import uuid
 
 import datasets
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
@@ -13,6 +14,7 @@ import yaml
 from conftest_runs import cand, err_row, row, s3_endpoint, write_run  # noqa: F401 (s3_endpoint: fixture)
 from jobs import cli, sft_output
 from jobs.build_sft import main
+from schemas.rows import rows_to_table
 
 
 @pytest.fixture
@@ -211,6 +213,32 @@ def test_winnow_cli_dispatches_build_sft(tmp_path, runs):
     assert cli.main(["build-sft", "--help"]) == 0
     assert cli.main(["build-sft", *runs, "--out", str(tmp_path / "out")]) == 0
     assert (tmp_path / "out" / "hf" / "dataset_info.json").is_file()
+
+
+def test_extra_fields_tolerated_missing_fields_refused(tmp_path, capsys):
+    table = rows_to_table([row("p1", [cand("x", 1.0), cand("y", 2.0)])])
+    cands = table.column("candidates").combine_chunks()
+    for name, kept in (("extra", None), ("no-reward", "reward")):
+        fields = [cands.values.field(i) for i in range(cands.values.type.num_fields)]
+        names = [f.name for f in cands.values.type]
+        if kept is None:
+            fields.append(pa.array(["note"] * len(cands.values)))
+            names.append("note")
+        else:
+            i = names.index(kept)
+            del fields[i], names[i]
+        values = pa.StructArray.from_arrays(fields, names=names)
+        new = table.set_column(3, "candidates", pa.ListArray.from_arrays(cands.offsets, values))
+        new = new.append_column("shard", pa.array([7], pa.int64()))
+        uri = write_run(str(tmp_path / name), [], name=name)
+        os.makedirs(os.path.join(uri, "candidates"), exist_ok=True)
+        pq.write_table(new, os.path.join(uri, "candidates", "0.parquet"))
+        code = main([uri, "--out", str(tmp_path / f"out-{name}")])
+        if kept is None:
+            assert code == 0
+        else:
+            assert code == 2
+            assert f"{uri}/candidates: fields ['candidates[].reward'] missing" in capsys.readouterr().err
 
 
 def test_same_prompt_id_with_different_prompts_refused(tmp_path, runs, capsys):

@@ -189,6 +189,20 @@ def test_s3_through_moto(s3_endpoint):
     _check_png(fs.cat("winnow-test/report/best_reward_by_run.png"))
 
 
+def test_warns_when_reward_settings_differ(tmp_path):
+    rows = [row("p1", [cand("a", 1.0), cand("b", 2.0)])]
+    a = write_run(str(tmp_path / "a"), rows, name="a")
+    b = write_run(str(tmp_path / "b"), rows, name="b")
+    c = write_run(str(tmp_path / "c"), rows, name="c", reward={"kind": "logprob"})
+    assert main([a, b, "--out", str(tmp_path / "same")]) == 0
+    assert json.loads((tmp_path / "same" / "report.json").read_text())["warnings"] == []
+    assert "**Warning:**" not in (tmp_path / "same" / "report.md").read_text()
+    assert main([a, b, c, "--out", str(tmp_path / "mixed")]) == 0
+    warnings = json.loads((tmp_path / "mixed" / "report.json").read_text())["warnings"]
+    assert len(warnings) == 1 and "a, b: " in warnings[0] and 'c: {"kind": "logprob"}' in warnings[0]
+    assert "**Warning:** the runs use different reward settings" in (tmp_path / "mixed" / "report.md").read_text()
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Bad input: exit 2, a message naming the path, nothing written.
 
