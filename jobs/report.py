@@ -12,7 +12,7 @@ import sys
 
 from jobs.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_RUNTIME, InputError
 from jobs.report_render import headline, order_runs, write_report
-from jobs.run_folders import check_out, load_run, load_runs, normalise_uri
+from jobs.run_folders import check_out, folder_key, load_run, load_runs
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -47,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
         runs = load_runs(args.runs)
     except InputError as err:
         problems += err.problems
-    in_runs = args.baseline is not None and normalise_uri(args.baseline) in {normalise_uri(u) for u in args.runs}
+    keys = [folder_key(u) for u in args.runs]
+    in_runs = args.baseline is not None and folder_key(args.baseline) in keys
     if args.baseline is not None and not in_runs:
         try:
             baseline = load_run(args.baseline)
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"winnow report: {line}", file=sys.stderr)
         return EXIT_BAD_INPUT
     if in_runs:
-        baseline = next(r for r in runs if r.uri == normalise_uri(args.baseline))
+        baseline = runs[keys.index(folder_key(args.baseline))]
     ordered, base_index = order_runs(runs, baseline)
     try:
         report = write_report(ordered, base_index, args.out)

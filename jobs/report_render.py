@@ -40,7 +40,7 @@ def order_runs(runs: list[Run], baseline: Run | None) -> tuple[list[Run], int]:
     if baseline is None:
         return runs, 0
     for i, r in enumerate(runs):
-        if r.uri == baseline.uri:
+        if r is baseline:
             return runs, i
     return [baseline, *runs], 0
 

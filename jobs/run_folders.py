@@ -65,6 +65,12 @@ def normalise_uri(uri: str) -> str:
     return uri.rstrip("/") or uri
 
 
+def folder_key(uri: str) -> str:
+    """One spelling per folder (absolute local path, or the URL), to tell whether two arguments name one run."""
+    fs, path = filesystem(uri)
+    return fs.unstrip_protocol(path)
+
+
 def _manifest_problems(uri: str, data: object) -> tuple[Manifest | None, list[str]]:
     where = f"{uri}/manifest.json"
     try:
@@ -185,9 +191,9 @@ def load_runs(uris: list[str]) -> list[Run]:
     """Read every run folder, reporting every bad one at once (InputError), and refusing one given twice."""
     problems, runs, seen = [], [], set()
     for uri in uris:
-        key = normalise_uri(uri)
+        key = folder_key(uri)
         if key in seen:
-            problems.append(f"{key}: run folder given twice")
+            problems.append(f"{normalise_uri(uri)}: run folder given twice")
             continue
         seen.add(key)
         try:

@@ -148,7 +148,8 @@ def pool_candidates(runs: list[Run], sel: Selection) -> tuple[dict[str, list[dic
                     "source_config_hash": run.manifest.config_hash,
                 }
                 other = texts.get(cand["text"])
-                dropped["duplicate"] += other is not None
+                if other is not None:
+                    dropped["duplicate"] += 1
                 if other is None or cand["reward"] > other["reward"]:
                     texts[cand["text"]] = record
     flat = {pid: list(texts.values()) for pid, texts in pool.items()}

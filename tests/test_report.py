@@ -167,6 +167,17 @@ def test_default_baseline_is_first_run(tmp_path):
     assert report["runs"][0]["vs_baseline"]["improvement_score"] == pytest.approx(100.0)
 
 
+def test_baseline_among_runs_in_another_spelling_is_not_added_twice(tmp_path, monkeypatch):
+    uris = synthetic_runs(str(tmp_path / "runs"), prompts=4)
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "report"
+    assert main([uris[0], uris[1] + "/", "--baseline", "./runs/bon-16", "--out", str(out)]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert [e["label"] for e in report["runs"]] == ["greedy", "bon-16"] and report["baseline"] == "bon-16"
+    assert main([uris[0], "./runs/greedy", "--out", str(tmp_path / "twice")]) == 2
+    assert not (tmp_path / "twice").exists()
+
+
 def test_memory_filesystem(tmp_path):
     base = f"memory://report-{uuid.uuid4().hex[:8]}"
     uris = synthetic_runs(f"{base}/runs", prompts=4)
