@@ -1,0 +1,53 @@
+"""Argument parsing shared by the commands that take a job config: ``CONFIG [--set a.b=v]...``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from jobs.errors import EXIT_BAD_INPUT, InputError
+from schemas.base import ConfigError
+from schemas.config import JobConfig, load_config
+
+
+class ArgumentError(Exception):
+    """Bad command-line arguments (argparse's message, exit status 2)."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that raises instead of exiting, so `main()` returns the exit status."""
+
+    def error(self, message):
+        raise ArgumentError(f"{self.prog}: error: {message}\n{self.format_usage().strip()}")
+
+
+def parser(prog: str, description: str) -> Parser:
+    p = Parser(prog=prog, description=description)
+    p.add_argument("config", metavar="CONFIG", help="job config (YAML)")
+    p.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        help="override a config key by its dotted path, e.g. --set method.alpha=0.7 (repeatable)",
+    )
+    return p
+
+
+def parse(p: Parser, argv: list[str] | None) -> argparse.Namespace:
+    """Parse argv; `--help` raises SystemExit(0) as usual."""
+    return p.parse_args(sys.argv[1:] if argv is None else argv)
+
+
+def load(args: argparse.Namespace) -> JobConfig:
+    """The validated config; ConfigError (every problem at once) otherwise."""
+    return load_config(args.config, args.overrides)
+
+
+def report(prog: str, err: Exception) -> int:
+    """Print a bad-input error on stderr and return exit status 2."""
+    if isinstance(err, (ConfigError, InputError)):
+        where = f" ({err.source})" if getattr(err, "source", None) else ""
+        print(f"{prog}: {len(err.problems)} problem(s){where}:", file=sys.stderr)
+        for line in err.problems:
+            print(f"  - {line}", file=sys.stderr)
+    else:
+        print(str(err), file=sys.stderr)
+    return EXIT_BAD_INPUT

@@ -1,0 +1,80 @@
+"""The Ray Data pipeline of a generate job: prompts.parquet -> actor pool -> candidates/*.parquet, checkpointed.
+
+    read_parquet(prompts.parquet) -> [CheckpointFilter] -> map_batches(GenerateBatch, actor pool) -> write_parquet
+
+Exactly once comes from Ray Data's checkpointing (`ray.data.checkpoint.CheckpointConfig`, keyed on ``prompt_id``):
+each write task first records its prompt_ids in ``_checkpoint/<file>.pending.parquet``, then writes its data file,
+then renames the checkpoint to ``<file>.parquet``. A later run first deletes the data files of pending
+checkpoints (a write cut short by a crash), then drops every committed prompt_id right after the read. So a prompt
+is in candidates/ once if its checkpoint committed, and is generated again otherwise.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import ray
+import ray.data
+from ray.data.checkpoint import CheckpointConfig
+
+from jobs.actor import GenerateBatch
+from jobs.rundir import RunFolder
+from schemas.config import JobConfig
+
+
+def data_context(config: JobConfig, folder: RunFolder) -> ray.data.DataContext:
+    ctx = ray.data.DataContext.get_current().copy()
+    # The V2 Parquet reader adds a ListFiles task that always asks for a whole CPU; with an actor pool holding every
+    # CPU (2 workers on a 2-core machine) it would never be scheduled. The V1 reader takes num_cpus from the read.
+    ctx.use_datasource_v2 = False
+    ctx.checkpoint_config = CheckpointConfig(
+        id_column="prompt_id",
+        checkpoint_path=folder.url("_checkpoint"),
+        delete_checkpoint_on_success=False,  # the next run of the same config must still skip these prompts
+        override_filesystem=folder.arrow_fs(),
+    )
+    retries = config.resources.max_retries
+    ctx.actor_task_retry_on_errors = retries > 0  # a batch that raised is retried at most `retries` times
+    ctx.max_errored_blocks = 0  # any batch that still fails fails the job
+    return ctx
+
+
+def run(config: JobConfig, folder: RunFolder) -> None:
+    """Generate every prompt of `folder`/prompts.parquet not yet written; raises if any batch fails."""
+    r = config.resources
+    previous = ray.data.DataContext.get_current()
+    ray.data.DataContext._set_current(data_context(config, folder))
+    try:
+        fs = folder.arrow_fs()
+        ds = ray.data.read_parquet(folder.url("prompts.parquet"), filesystem=fs, num_cpus=0)
+        with warnings.catch_warnings():
+            # ray 2.60 has no named parameter for max_restarts / max_task_retries; passing them as remote args is
+            # still the documented way, but it warns that remote args will be renamed in 2.64.
+            warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
+            ds = ds.map_batches(
+                GenerateBatch,
+                fn_constructor_kwargs={"config": config.model_dump(mode="json")},
+                batch_size=r.prompts_per_batch,
+                batch_format="pyarrow",
+                compute=ray.data.ActorPoolStrategy(size=r.workers),
+                num_cpus=r.cpus_per_worker,
+                num_gpus=r.gpus_per_worker,
+                # Ray Data restarts dead actors and retries their batches forever by default; an engine that keeps
+                # crashing must fail the job instead.
+                max_restarts=r.max_retries,
+                max_task_retries=r.max_retries,
+            )
+        ds.write_parquet(folder.url("candidates"), filesystem=fs, ray_remote_args={"num_cpus": 0})
+    finally:
+        ray.data.DataContext._set_current(previous)
+
+
+def connect() -> str:
+    """Join the Ray cluster the job was submitted to (RAY_ADDRESS, or a `ray start` cluster on this machine), else
+    start a local one; returns a line saying which."""
+    if ray.is_initialized():
+        return "using the Ray instance already initialised in this process"
+    ray.init(log_to_driver=True)
+    ctx = ray.get_runtime_context()
+    return f"Ray at {ctx.gcs_address} ({ray.cluster_resources().get('CPU', 0):g} CPUs, " \
+           f"{ray.cluster_resources().get('GPU', 0):g} GPUs)"

@@ -1,0 +1,349 @@
+"""The prompt dataset of a job: where `data.source` points, reading it into a Ray Dataset, and normalising its rows.
+
+Every row of the source becomes exactly one normalised row (`INPUT_SCHEMA`), in source order:
+
+- ``prompt_id`` (string): the ``data.id_column`` value as a string, or, when that is null, `prompt_hash` of the
+  normalised prompt. Unique in the normalised table: a later duplicate keeps its id with a ``#dup<k>`` suffix (see
+  `assign_unique_ids`), so resume never confuses it with the first occurrence.
+- ``prompt`` (list of {role, content}): a plain string becomes one user turn.
+- ``concepts`` (list of strings): only when the reward is lexical, from ``models.reward.concepts_column``.
+- ``input_error`` (string): why the row cannot run (null prompt, empty prompt, malformed messages, duplicate id,
+  missing concepts), or null. Such rows are written as error rows, never dropped.
+- ``source_row`` (int64): the row's position in the source (after ``data.limit``), for messages.
+
+Problems with the source itself (absent, unreadable, a column that does not exist or has the wrong type) raise
+`jobs.errors.InputError` naming the field and the path, before anything is written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import posixpath
+from dataclasses import dataclass
+from pathlib import Path
+
+import fsspec
+import pyarrow as pa
+
+from jobs.errors import InputError
+from schemas.config import DataConfig, JobConfig
+from schemas.rows import MESSAGE
+
+BUILTIN = "builtin:"
+# file extension -> Ray Data reader
+FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+
+INPUT_SCHEMA = pa.schema(
+    [
+        ("prompt_id", pa.string()),
+        ("prompt", pa.list_(MESSAGE)),
+        ("concepts", pa.list_(pa.string())),
+        ("input_error", pa.string()),
+        ("source_row", pa.int64()),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class Source:
+    """A resolved `data.source`: its reader and the files (or folder) it reads."""
+
+    spec: str  # as written in the config
+    kind: str  # json | parquet | csv | hf_disk
+    paths: list[str]  # files for json/parquet/csv (with their protocol), the folder for hf_disk
+    fs: fsspec.AbstractFileSystem
+
+    @property
+    def local(self) -> bool:
+        return "file" in _protocols(self.fs)
+
+
+def _protocols(fs) -> tuple:
+    p = fs.protocol
+    return (p,) if isinstance(p, str) else tuple(p)
+
+
+def _location(spec: str) -> str:
+    """builtin:NAME -> the bundled folder; anything else as given (a local path or a URL)."""
+    if spec.startswith(BUILTIN):
+        import assets
+
+        try:
+            return str(assets.builtin_path(spec[len(BUILTIN):]))
+        except KeyError as err:
+            raise InputError(f"data.source: {err.args[0]}") from None
+    return spec
+
+
+def _with_protocol(fs, path: str) -> str:
+    return path if "file" in _protocols(fs) else fs.unstrip_protocol(path)
+
+
+def resolve_source(spec: str) -> Source:
+    """Find what `data.source` names and how to read it; InputError naming the path when it cannot be read."""
+    where = _location(spec)
+    try:
+        fs, root = fsspec.core.url_to_fs(where)
+        if fs.isfile(root):
+            ext = Path(root).suffix.lower()
+            if ext not in FORMATS:
+                raise InputError(
+                    f"data.source: {spec}: unsupported file type {ext or '(none)'!r}; expected one of "
+                    f"{', '.join(FORMATS)}"
+                )
+            return Source(spec, FORMATS[ext], [_with_protocol(fs, root)], fs)
+        if not fs.isdir(root):
+            raise InputError(f"data.source: {spec}: no such file or folder")
+        names = set(posixpath.basename(p) for p in fs.ls(root, detail=False))
+        if "dataset_dict.json" in names:
+            raise InputError(
+                f"data.source: {spec}: a datasets DatasetDict with several splits; point data.source at one "
+                f"split's folder (e.g. {spec.rstrip('/')}/train)"
+            )
+        if {"state.json", "dataset_info.json"} <= names:
+            return Source(spec, "hf_disk", [_with_protocol(fs, root)], fs)
+        files = sorted(
+            p for p in fs.find(root)
+            if not any(part.startswith((".", "_")) for part in posixpath.relpath(p, root).split("/"))
+            and Path(p).suffix.lower() in FORMATS
+        )
+    except InputError:
+        raise
+    except (OSError, ValueError, ImportError) as err:
+        raise InputError(f"data.source: {spec}: cannot be read: {err}") from None
+    if not files:
+        raise InputError(
+            f"data.source: {spec}: the folder holds no {', '.join(FORMATS)} files and is not a "
+            "datasets.save_to_disk folder"
+        )
+    kinds = sorted({FORMATS[Path(p).suffix.lower()] for p in files})
+    if len(kinds) > 1:
+        raise InputError(f"data.source: {spec}: the folder mixes file types ({', '.join(kinds)}); keep one type")
+    return Source(spec, kinds[0], [_with_protocol(fs, p) for p in files], fs)
+
+
+def read_source(source: Source):
+    """The source as a Ray Dataset (lazy; nothing is read until it executes)."""
+    import ray.data
+    from pyarrow.fs import FSSpecHandler, PyFileSystem
+
+    if source.kind == "hf_disk":
+        import datasets
+
+        try:
+            hf = datasets.load_from_disk(source.paths[0], storage_options=None if source.local else source.fs.storage_options)
+        except Exception as err:  # datasets raises FileNotFoundError, ValueError, ArrowInvalid...
+            raise InputError(f"data.source: {source.spec}: not a readable datasets.save_to_disk folder: {err}") from None
+        if not isinstance(hf, datasets.Dataset):
+            raise InputError(f"data.source: {source.spec}: expected one split (a datasets.Dataset)")
+        return ray.data.from_arrow(hf.data.table)
+    fs_arg = {} if source.local else {"filesystem": PyFileSystem(FSSpecHandler(source.fs))}
+    if source.kind == "json":
+        return ray.data.read_json(source.paths, **fs_arg)
+    if source.kind == "csv":
+        return ray.data.read_csv(source.paths, **fs_arg)
+    return ray.data.read_parquet(source.paths, **fs_arg)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Column checks (on the Arrow schema of the source, before anything runs)
+
+
+def _is_string(t: pa.DataType) -> bool:
+    return pa.types.is_string(t) or pa.types.is_large_string(t)
+
+
+def _is_list(t: pa.DataType) -> bool:
+    return pa.types.is_list(t) or pa.types.is_large_list(t)
+
+
+def _chat_type(t: pa.DataType) -> bool:
+    if not _is_list(t) or not pa.types.is_struct(t.value_type):
+        return False
+    names = {f.name for f in t.value_type}
+    return {"role", "content"} <= names
+
+
+def column_problems(schema: pa.Schema, config: JobConfig, spec: str) -> list[str]:
+    """Every problem with the columns the config names, each naming the field, the column and the source."""
+    data: DataConfig = config.data
+    names = list(schema.names)
+    have = ", ".join(names) or "(none)"
+    problems = []
+
+    def check(field: str, column: str, ok, expected: str):
+        if column not in names:
+            problems.append(f"{field}: column {column!r} is not in {spec} (columns: {have})")
+            return
+        t = schema.field(column).type
+        if not (pa.types.is_null(t) or ok(t)):
+            problems.append(f"{field}: column {column!r} of {spec} is {t}; expected {expected}")
+
+    check("data.prompt_column", data.prompt_column, lambda t: _is_string(t) or _chat_type(t),
+          "a string or a list of {role, content} messages")
+    if data.id_column is not None:
+        check("data.id_column", data.id_column,
+              lambda t: _is_string(t) or pa.types.is_integer(t), "strings or integers")
+    reward = config.models.reward
+    if reward is not None and reward.kind == "lexical":
+        check("models.reward.concepts_column", reward.concepts_column,
+              lambda t: _is_list(t) and (_is_string(t.value_type) or pa.types.is_null(t.value_type)),
+              "a list of strings")
+    return problems
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Row normalisation (pure functions: testable without Ray)
+
+
+def prompt_hash(messages: list[dict]) -> str:
+    """A stable id for a prompt: sha256 of its messages as canonical JSON, 16 hex digits."""
+    blob = json.dumps(messages, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def normalise_prompt(value) -> tuple[list[dict], str | None]:
+    """A prompt value as chat messages, and why it cannot run (or None)."""
+    if value is None:
+        return [], "prompt is null"
+    if isinstance(value, str):
+        messages = [{"role": "user", "content": value}]
+    elif isinstance(value, (list, tuple)):
+        messages = []
+        for i, m in enumerate(value):
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+                return [], f"prompt message {i} is not a {{role, content}} pair of strings"
+            messages.append({"role": m["role"], "content": m["content"]})
+    else:
+        return [], f"prompt is a {type(value).__name__}; expected a string or a list of {{role, content}} messages"
+    if not any(m["content"].strip() for m in messages):
+        return messages, "empty prompt"
+    return messages, None
+
+
+def normalise_row(row: dict, data: DataConfig, concepts_column: str | None) -> dict:
+    """One source row as a normalised row (without `source_row`; `assign_unique_ids` adds it)."""
+    messages, error = normalise_prompt(row.get(data.prompt_column))
+    if data.id_column is None:
+        pid = prompt_hash(messages)
+    else:
+        raw = row.get(data.id_column)
+        pid = None if raw is None else str(raw)
+        if pid is None or not pid.strip():
+            error = error or f"id column {data.id_column!r} is empty"
+            pid = "<no id>"
+    out = {"prompt_id": pid, "prompt": messages, "concepts": None, "input_error": error}
+    if concepts_column is not None:
+        concepts = row.get(concepts_column)
+        if concepts is None:
+            out["input_error"] = error or f"concepts column {concepts_column!r} is null"
+        elif not concepts:
+            out["input_error"] = error or f"concepts column {concepts_column!r} is an empty list"
+        else:
+            out["concepts"] = [str(c) for c in concepts]
+    return out
+
+
+def normalise_batch(batch: pa.Table, data: DataConfig, concepts_column: str | None) -> pa.Table:
+    """A Ray Data batch of source rows -> normalised rows (one per input row, same order)."""
+    rows = [normalise_row(r, data, concepts_column) for r in batch.to_pylist()]
+    for r in rows:
+        r["source_row"] = -1  # set on the driver once the global order is known
+    return pa.Table.from_pylist(rows, schema=INPUT_SCHEMA)
+
+
+def assign_unique_ids(table: pa.Table) -> pa.Table:
+    """Number rows in source order and make every prompt_id unique.
+
+    The first occurrence of an id keeps it. A later occurrence becomes an error row whose prompt_id is the id with
+    ``#dup1``, ``#dup2``, ... appended (skipping any that the source itself uses), so the checkpoint and the output
+    hold each prompt_id once, and a reader can still see which prompt it duplicated.
+    """
+    ids = table.column("prompt_id").to_pylist()
+    errors = table.column("input_error").to_pylist()
+    taken = set(ids)
+    first: dict[str, int] = {}
+    counts: dict[str, int] = {}
+    new_ids = []
+    for i, pid in enumerate(ids):
+        if pid not in first:
+            first[pid] = i
+            new_ids.append(pid)
+            continue
+        k = counts.get(pid, 0)
+        while True:
+            k += 1
+            candidate = f"{pid}#dup{k}"
+            if candidate not in taken:
+                break
+        counts[pid] = k
+        taken.add(candidate)
+        new_ids.append(candidate)
+        if errors[i] is None:
+            errors[i] = f"duplicate prompt_id {pid!r}: first seen at row {first[pid]}; only that one runs"
+    table = table.set_column(table.schema.get_field_index("prompt_id"), "prompt_id", pa.array(new_ids, pa.string()))
+    table = table.set_column(table.schema.get_field_index("input_error"), "input_error", pa.array(errors, pa.string()))
+    rows = pa.array(range(table.num_rows), pa.int64())
+    return table.set_column(table.schema.get_field_index("source_row"), "source_row", rows)
+
+
+def load_prompts(config: JobConfig) -> pa.Table:
+    """Read `data.source` with Ray Data, keep the first `data.limit` rows, normalise them: an `INPUT_SCHEMA` table.
+
+    Needs a connected Ray. Raises InputError for a source that is absent, unreadable, or lacks a named column.
+    """
+    import ray.data
+
+    source = resolve_source(config.data.source)
+    reward = config.models.reward
+    concepts_column = reward.concepts_column if reward is not None and reward.kind == "lexical" else None
+
+    ctx = ray.data.DataContext.get_current().copy()
+    ctx.execution_options.preserve_order = True  # "first N rows" and "first occurrence" follow the source order
+    previous = ray.data.DataContext.get_current()
+    ray.data.DataContext._set_current(ctx)
+    try:
+        ds = read_source(source)
+        try:
+            schema = ds.schema(fetch_if_missing=True)
+        except Exception as err:  # the reader's own error (ArrowInvalid, JSONDecodeError...) wrapped by Ray
+            raise InputError(f"data.source: {source.spec}: cannot be read: {short_error(err)}") from None
+        if schema is None:
+            raise InputError(f"data.source: {source.spec}: holds no rows")
+        arrow_schema = schema.base_schema if hasattr(schema, "base_schema") else schema
+        if not isinstance(arrow_schema, pa.Schema):
+            arrow_schema = pa.schema(list(zip(schema.names, schema.types)))
+        problems = column_problems(arrow_schema, config, source.spec)
+        if problems:
+            raise InputError(problems)
+        if config.data.limit is not None:
+            ds = ds.limit(config.data.limit)
+        ds = ds.map_batches(
+            normalise_batch,
+            fn_kwargs={"data": config.data, "concepts_column": concepts_column},
+            batch_format="pyarrow",
+            num_cpus=0,  # cheap; must not wait behind actors holding every CPU of a small cluster
+        )
+        try:
+            parts = [b for b in ds.iter_batches(batch_format="pyarrow", batch_size=None)]
+        except Exception as err:
+            raise InputError(f"data.source: {source.spec}: cannot be read: {short_error(err)}") from None
+    finally:
+        ray.data.DataContext._set_current(previous)
+    table = pa.concat_tables(parts).cast(INPUT_SCHEMA) if parts else INPUT_SCHEMA.empty_table()
+    if table.num_rows == 0:
+        raise InputError(f"data.source: {source.spec}: holds no rows")
+    return assign_unique_ids(table)
+
+
+def short_error(err: BaseException) -> str:
+    """The innermost message of an exception that Ray wrapped, on one line."""
+    cause = err
+    while getattr(cause, "cause", None) is not None:  # RayTaskError.cause
+        cause = cause.cause
+    while cause.__cause__ is not None:
+        cause = cause.__cause__
+    text = str(cause).strip().splitlines()
+    line = next((t for t in reversed(text) if t.strip()), type(cause).__name__)
+    return f"{type(cause).__name__}: {line.strip()}"

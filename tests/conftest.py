@@ -1,0 +1,66 @@
+"""Shared fixtures: one local Ray for the whole session, and helpers to write job configs and prompt files."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """A local Ray (2 CPUs, no dashboard) shared by every test that needs one; its address for subprocesses."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False)
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()
+
+
+def job_config(tmp_path: Path, **sections) -> dict:
+    """A small valid job config (Best-of-4 with the bundled trio, 4 demo prompts) with sections replaced."""
+    cfg = {
+        "name": "test",
+        "seed": 0,
+        "data": {"source": "builtin:demo-prompts", "prompt_column": "prompt", "id_column": "id", "limit": 4},
+        "models": {
+            "target": "builtin:tiny-target",
+            "draft": "builtin:tiny-draft",
+            "reward": {"kind": "model", "path": "builtin:tiny-reward"},
+        },
+        "method": {"name": "best_of_n", "n": 4},
+        "generation": {"max_new_tokens": 16},
+        "output": {"path": str(tmp_path / "run")},
+        "resources": {"workers": 1, "prompts_per_batch": 2},
+    }
+    for key, value in sections.items():
+        if isinstance(value, dict) and isinstance(cfg.get(key), dict) and not ({"name", "kind"} & set(value)):
+            cfg[key] = {**cfg[key], **value}
+        else:
+            cfg[key] = value
+    return cfg
+
+
+def write_config(path: Path, cfg: dict) -> Path:
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def winnow(*args: str, env: dict | None = None, timeout: float = 600, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """Run `python -m jobs.cli ARGS...` (the `winnow` console script) in a subprocess."""
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run([sys.executable, "-m", "jobs.cli", *args], cwd=cwd, env=full_env, capture_output=True,
+                          text=True, timeout=timeout)

@@ -1,0 +1,119 @@
+"""Bad input fails cleanly: exit status 2, a message naming the field, file or column, and no run folder."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import job_config, write_config, write_jsonl
+from jobs import generate
+
+
+def run(tmp_path, capsys, cfg: dict | None = None, text: str | None = None, extra: list[str] = ()):
+    path = tmp_path / "job.yaml"
+    if text is not None:
+        path.write_text(text)
+    else:
+        write_config(path, cfg)
+    status = generate.main([str(path), *extra])
+    err = capsys.readouterr().err
+    return status, err
+
+
+def assert_clean(tmp_path, status, err, *needles):
+    assert status == 2, err
+    for needle in needles:
+        assert needle in err, f"{needle!r} not in:\n{err}"
+    assert not (tmp_path / "run").exists(), "a bad input must leave no run folder"
+
+
+def test_malformed_yaml(tmp_path, capsys):
+    status, err = run(tmp_path, capsys, text="name: x\ndata: {source: [unclosed\n")
+    assert_clean(tmp_path, status, err, "job.yaml: malformed YAML at line 3, column 1")
+
+
+def test_missing_config_file(tmp_path, capsys):
+    assert generate.main([str(tmp_path / "nope.yaml")]) == 2
+    assert "nope.yaml: config file not found" in capsys.readouterr().err
+
+
+def test_unknown_keys_wrong_types_and_ranges_all_at_once(tmp_path, capsys):
+    cfg = job_config(tmp_path, resources={"workers": 0, "prompts_per_batch": "four"})
+    cfg["data"]["sorce"] = "x"
+    cfg["method"]["n"] = -1
+    status, err = run(tmp_path, capsys, cfg)
+    assert_clean(tmp_path, status, err, "data.sorce: unknown key", "resources.workers: Input should be greater than "
+                 "or equal to 1", "resources.prompts_per_batch: Input should be a valid integer",
+                 "method.n: Input should be greater than or equal to 1")
+
+
+def test_bad_set_override(tmp_path, capsys):
+    status, err = run(tmp_path, capsys, job_config(tmp_path), extra=["--set", "method.n"])
+    assert_clean(tmp_path, status, err, "--set 'method.n': expected KEY=VALUE")
+    status, err = run(tmp_path, capsys, job_config(tmp_path), extra=["--set", "method.n=zero"])
+    assert_clean(tmp_path, status, err, "method.n: Input should be a valid integer")
+
+
+def test_bad_arguments(tmp_path, capsys):
+    assert generate.main([]) == 2
+    assert "the following arguments are required: CONFIG" in capsys.readouterr().err
+    assert generate.main(["a.yaml", "--frobnicate"]) == 2
+    assert "unrecognized arguments: --frobnicate" in capsys.readouterr().err
+
+
+def test_missing_model_folders_are_all_named(tmp_path, capsys):
+    no_config = tmp_path / "empty-model"
+    no_config.mkdir()
+    cfg = job_config(tmp_path, models={"target": str(tmp_path / "absent"), "draft": "builtin:tiny-nope",
+                                       "reward": {"kind": "model", "path": str(no_config)}})
+    status, err = run(tmp_path, capsys, cfg)
+    assert_clean(tmp_path, status, err, f"models.target: {tmp_path / 'absent'} does not exist",
+                 "models.draft: unknown builtin asset 'tiny-nope'; known: demo-prompts",
+                 f"models.reward.path: {no_config} is not a Hugging Face model folder (no config.json in it)")
+
+
+def test_unimportable_python_reward(tmp_path, capsys):
+    cfg = job_config(tmp_path, models={"reward": {"kind": "python", "function": "no_such_module_x:score"}})
+    status, err = run(tmp_path, capsys, cfg)
+    assert_clean(tmp_path, status, err, "models.reward.function: cannot import 'no_such_module_x'")
+
+
+def test_absent_data(ray_session, tmp_path, capsys):
+    cfg = job_config(tmp_path, data={"source": str(tmp_path / "prompts.jsonl")})
+    status, err = run(tmp_path, capsys, cfg)
+    assert_clean(tmp_path, status, err, f"data.source: {tmp_path / 'prompts.jsonl'}: no such file or folder")
+
+
+def test_unreadable_data(ray_session, tmp_path, capsys):
+    bad = tmp_path / "prompts.jsonl"
+    bad.write_text('{"id": "a", "prompt": "x"}\n{"id": "b", "prompt": ]\n')
+    status, err = run(tmp_path, capsys, job_config(tmp_path, data={"source": str(bad)}))
+    assert_clean(tmp_path, status, err, f"data.source: {bad}: cannot be read: ")
+
+
+@pytest.mark.parametrize("data, reward, needle", [
+    ({"prompt_column": "question"}, None, "data.prompt_column: column 'question' is not in"),
+    ({"id_column": "uid"}, None, "data.id_column: column 'uid' is not in"),
+    ({}, {"kind": "lexical", "concepts_column": "keywords"},
+     "models.reward.concepts_column: column 'keywords' is not in"),
+    ({"prompt_column": "n"}, None, "data.prompt_column: column 'n' of"),
+])
+def test_missing_or_mistyped_columns(ray_session, tmp_path, capsys, data, reward, needle):
+    src = write_jsonl(tmp_path / "prompts.jsonl",
+                      [{"id": "a", "prompt": "x", "n": 1, "concepts": ["a"]}, {"id": "b", "prompt": "y", "n": 2,
+                                                                                "concepts": ["b"]}])
+    cfg = job_config(tmp_path, data={"source": str(src), **data})
+    if reward:
+        cfg["models"]["reward"] = reward
+    status, err = run(tmp_path, capsys, cfg)
+    assert_clean(tmp_path, status, err, needle, str(src), "(columns: id, prompt, n, concepts)"
+                 if "not in" in needle else "expected a string or a list of {role, content} messages")
+
+
+def test_bad_data_with_overwrite_leaves_the_old_run_alone(ray_session, tmp_path, capsys):
+    old = tmp_path / "run"
+    old.mkdir()
+    (old / "manifest.json").write_text("{}")
+    cfg = job_config(tmp_path, data={"source": str(tmp_path / "absent.jsonl")})
+    status, err = run(tmp_path, capsys, cfg, extra=["--overwrite"])
+    assert status == 2 and "data.source" in err
+    assert [p.name for p in old.iterdir()] == ["manifest.json"]

@@ -1,0 +1,122 @@
+"""The run folder: who may write into it, what counts as written, the manifest (jobs/rundir.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from conftest import job_config
+from jobs.rundir import (
+    RunFolder,
+    changed_keys,
+    claim_problems,
+    committed_files,
+    exactly_once_problems,
+    finish_manifest,
+    new_manifest,
+    pending_checkpoints,
+    tally,
+)
+from schemas.config import validate_config
+from schemas.manifest import Manifest
+from schemas.rows import empty_cost, error_row, rows_to_table
+
+
+def config(tmp_path, **over):
+    return validate_config(job_config(tmp_path, **over))
+
+
+def test_new_empty_and_same_config_folders_are_claimed(tmp_path):
+    cfg = config(tmp_path)
+    folder = RunFolder(cfg.output.path)
+    assert claim_problems(folder, cfg, overwrite=False) == ([], "new")
+    (tmp_path / "run").mkdir()
+    assert claim_problems(folder, cfg, overwrite=False) == ([], "new")
+    folder.write_manifest(new_manifest(cfg, prompts=4))
+    assert claim_problems(folder, cfg, overwrite=False) == ([], "resume")
+    assert claim_problems(folder, cfg, overwrite=True) == ([], "overwrite")
+
+
+def test_a_different_config_is_refused_naming_what_changed(tmp_path):
+    cfg = config(tmp_path)
+    folder = RunFolder(cfg.output.path)
+    folder.write_manifest(new_manifest(cfg, prompts=4))
+    other = config(tmp_path, method={"name": "best_of_n", "n": 8}, seed=3)
+    problems, _ = claim_problems(folder, other, overwrite=False)
+    assert len(problems) == 1
+    assert f"output.path: {folder.uri} holds a run of a different config" in problems[0]
+    assert "changed: method.n, seed" in problems[0] and "--overwrite" in problems[0]
+
+
+def test_folders_that_are_not_run_folders_are_never_cleared(tmp_path):
+    cfg = config(tmp_path)
+    folder = RunFolder(cfg.output.path)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "notes.txt").write_text("mine")
+    for overwrite in (False, True):
+        problems, _ = claim_problems(folder, cfg, overwrite=overwrite)
+        assert len(problems) == 1 and "holds no manifest.json" in problems[0]
+    (tmp_path / "run" / "manifest.json").write_text("{not json")
+    problems, _ = claim_problems(folder, cfg, overwrite=False)
+    assert "manifest.json is not a Winnow manifest" in problems[0]
+    (tmp_path / "file").write_text("x")
+    assert "is a file" in claim_problems(RunFolder(str(tmp_path / "file")), cfg, False)[0][0]
+
+
+def test_changed_keys_are_dotted():
+    assert changed_keys({"a": {"b": 1, "c": 2}, "d": 1}, {"a": {"b": 1, "c": 3}, "e": 1}) == ["a.c", "d", "e"]
+
+
+def _write(folder: RunFolder, base: str, ids: list[str], committed: bool):
+    """A data file as Ray Data names it, with its checkpoint committed or still pending."""
+    rows = [error_row(i, [{"role": "user", "content": i}], "best_of_n", "x") if i.startswith("e") else
+            {**error_row(i, [{"role": "user", "content": i}], "best_of_n", None), "best_reward": 0.5,
+             "cost": {**empty_cost(), "device_seconds": 1.0, "target_tokens": 10}}
+            for i in ids]
+    (Path(folder.path) / "candidates").mkdir(parents=True, exist_ok=True)
+    (Path(folder.path) / "_checkpoint").mkdir(parents=True, exist_ok=True)
+    pq.write_table(rows_to_table(rows), Path(folder.path) / "candidates" / f"{base}-0.parquet")
+    suffix = ".parquet" if committed else ".pending.parquet"
+    pq.write_table(rows_to_table(rows).select(["prompt_id"]), Path(folder.path) / "_checkpoint" / f"{base}{suffix}")
+
+
+def test_only_rows_with_a_committed_checkpoint_count(tmp_path):
+    folder = RunFolder(str(tmp_path / "run"))
+    _write(folder, "w1_000000", ["a", "b"], committed=True)
+    _write(folder, "w1_000001", ["e1"], committed=True)
+    _write(folder, "w1_000002", ["c"], committed=False)  # cut short by a crash: not written
+    assert [p.rsplit("/", 1)[1] for p in committed_files(folder)] == ["w1_000000-0.parquet", "w1_000001-0.parquet"]
+    assert [p.rsplit("/", 1)[1] for p in pending_checkpoints(folder)] == ["w1_000002.pending.parquet"]
+    t = tally(folder)
+    assert (t.rows, t.errors, sorted(t.ids)) == (3, 1, ["a", "b", "e1"])
+    assert t.mean_best_reward() == 0.5
+    cost = t.cost_totals(usd_per_device_hour=3.6)
+    assert cost.device_seconds == 2.0 and cost.target_tokens == 20 and abs(cost.usd - 0.002) < 1e-12
+
+
+def test_exactly_once_problems():
+    assert exactly_once_problems(["a", "b"], ["b", "a"]) == []
+    problems = exactly_once_problems(["a", "b", "c"], ["a", "a", "b", "z"])
+    assert problems == [
+        "1 prompt_id(s) written more than once, e.g. ['a']",
+        "1 prompt(s) not written, e.g. ['c']",
+        "1 row(s) for prompt_ids not in prompts.parquet, e.g. ['z']",
+    ]
+
+
+def test_manifest_lifecycle(tmp_path):
+    cfg = config(tmp_path)
+    folder = RunFolder(cfg.output.path)
+    m = new_manifest(cfg, prompts=4)
+    folder.write_manifest(m)
+    on_disk = Manifest.model_validate(json.loads((tmp_path / "run" / "manifest.json").read_text()))
+    assert on_disk.status == "running" and on_disk.config_hash == cfg.hash() and on_disk.finished_at is None
+    assert on_disk.config == cfg.model_dump(mode="json") and "ray" in on_disk.packages
+    _write(folder, "w_000000", ["a", "e1"], committed=True)
+    finish_manifest(m, folder, cfg, tally(folder), "failed", "boom")
+    done = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert (done["status"], done["rows"], done["errors"], done["error"]) == ("failed", 2, 1, "boom")
+    assert done["cost"]["usd"] == 1.0 / 3600 * cfg.cost.usd_per_device_hour
+    assert [p.name for p in (tmp_path / "run").iterdir() if p.name.endswith(".tmp")] == []

@@ -1,0 +1,229 @@
+"""Reading and normalising prompt datasets (jobs/sources.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import job_config, write_jsonl
+from jobs.errors import InputError
+from jobs.sources import (
+    INPUT_SCHEMA,
+    assign_unique_ids,
+    column_problems,
+    load_prompts,
+    normalise_prompt,
+    normalise_row,
+    prompt_hash,
+    resolve_source,
+)
+from schemas.config import DataConfig, validate_config
+
+ROWS = [{"id": f"q{i}", "prompt": f"Write about item {i}.", "concepts": ["dog", f"w{i}"]} for i in range(6)]
+
+
+def config_for(tmp_path, source, **data):
+    cfg = job_config(tmp_path, data={"source": str(source), "limit": None, **data})
+    return validate_config(cfg)
+
+
+# -- normalisation (no Ray) ---------------------------------------------------------------------------------------
+
+
+def test_a_string_prompt_becomes_one_user_turn():
+    assert normalise_prompt("hi") == ([{"role": "user", "content": "hi"}], None)
+
+
+def test_chat_messages_are_kept_and_extra_fields_dropped():
+    msgs = [{"role": "system", "content": "be brief", "name": "x"}, {"role": "user", "content": "hi"}]
+    assert normalise_prompt(msgs) == ([{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],
+                                      None)
+
+
+@pytest.mark.parametrize("value, why", [
+    (None, "prompt is null"),
+    ("", "empty prompt"),
+    ("  \n ", "empty prompt"),
+    ([], "empty prompt"),
+    ([{"role": "user", "content": " "}], "empty prompt"),
+    ([{"role": "user"}], "prompt message 0 is not a {role, content} pair of strings"),
+    (42, "prompt is a int; expected a string or a list of {role, content} messages"),
+])
+def test_prompts_that_cannot_run_say_why(value, why):
+    assert normalise_prompt(value)[1] == why
+
+
+def test_prompt_hash_is_stable_and_content_addressed():
+    a = [{"role": "user", "content": "hi"}]
+    assert prompt_hash(a) == prompt_hash([{"content": "hi", "role": "user"}])
+    assert prompt_hash(a) != prompt_hash([{"role": "user", "content": "hi!"}])
+    assert len(prompt_hash(a)) == 16
+    # A plain string and the same text as one user turn are the same prompt.
+    data = DataConfig(source="x")
+    assert normalise_row({"prompt": "hi"}, data, None)["prompt_id"] == prompt_hash(a)
+
+
+def test_ids_are_strings_and_missing_ids_are_row_errors():
+    data = DataConfig(source="x", id_column="id")
+    assert normalise_row({"id": 7, "prompt": "a"}, data, None)["prompt_id"] == "7"
+    row = normalise_row({"id": None, "prompt": "a"}, data, None)
+    assert row["input_error"] == "id column 'id' is empty"
+
+
+def test_concepts_are_checked_only_for_the_lexical_reward():
+    data = DataConfig(source="x")
+    assert normalise_row({"prompt": "a", "concepts": None}, data, None)["input_error"] is None
+    assert normalise_row({"prompt": "a", "c": ["x", "y"]}, data, "c")["concepts"] == ["x", "y"]
+    assert normalise_row({"prompt": "a", "c": None}, data, "c")["input_error"] == "concepts column 'c' is null"
+    assert normalise_row({"prompt": "a", "c": []}, data, "c")["input_error"] == "concepts column 'c' is an empty list"
+
+
+def _table(ids, errors=None):
+    n = len(ids)
+    return pa.Table.from_pylist(
+        [{"prompt_id": i, "prompt": [{"role": "user", "content": str(k)}], "concepts": None,
+          "input_error": (errors or [None] * n)[k], "source_row": -1} for k, i in enumerate(ids)],
+        schema=INPUT_SCHEMA,
+    )
+
+
+def test_duplicates_keep_the_first_and_become_error_rows_with_distinct_ids():
+    out = assign_unique_ids(_table(["a", "b", "a", "a#dup1", "a"], [None, None, None, None, "empty prompt"]))
+    ids = out.column("prompt_id").to_pylist()
+    errors = out.column("input_error").to_pylist()
+    assert ids == ["a", "b", "a#dup2", "a#dup1", "a#dup3"]
+    assert len(set(ids)) == len(ids)
+    assert errors[:2] == [None, None] and errors[3] is None
+    assert errors[2] == "duplicate prompt_id 'a': first seen at row 0; only that one runs"
+    assert errors[4] == "empty prompt"  # a row's own error is kept; its id is still made unique
+    assert out.column("source_row").to_pylist() == [0, 1, 2, 3, 4]
+
+
+# -- resolving data.source (no Ray) -----------------------------------------------------------------------------
+
+
+def test_resolve_file_folder_and_builtin(tmp_path):
+    f = write_jsonl(tmp_path / "p.jsonl", ROWS)
+    assert resolve_source(str(f)).kind == "json"
+    (tmp_path / "d").mkdir()
+    pq.write_table(pa.Table.from_pylist(ROWS[:3]), tmp_path / "d" / "a.parquet")
+    pq.write_table(pa.Table.from_pylist(ROWS[3:]), tmp_path / "d" / "b.parquet")
+    (tmp_path / "d" / "_SUCCESS.parquet").write_text("not data")  # hidden by its leading underscore
+    src = resolve_source(str(tmp_path / "d"))
+    assert src.kind == "parquet" and [p.rsplit("/", 1)[1] for p in src.paths] == ["a.parquet", "b.parquet"]
+    demo = resolve_source("builtin:demo-prompts")
+    assert demo.kind == "json" and demo.paths[0].endswith("prompts.jsonl")
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda d: d / "absent.jsonl", "no such file or folder"),
+    (lambda d: (d / "p.txt").write_text("x") and d / "p.txt", "unsupported file type '.txt'"),
+    (lambda d: (d / "e").mkdir() or d / "e", "holds no .jsonl, .json, .parquet, .csv files"),
+    (lambda d: ((d / "m").mkdir(), (d / "m" / "a.csv").write_text("prompt\nx\n"),
+                (d / "m" / "b.jsonl").write_text("{}\n"))[0] or d / "m", "mixes file types (csv, json)"),
+    (lambda d: ((d / "dd").mkdir(), (d / "dd" / "dataset_dict.json").write_text("{}"))[0] or d / "dd",
+     "DatasetDict with several splits"),
+])
+def test_unusable_sources_are_refused_by_name(tmp_path, make, message):
+    path = make(tmp_path)
+    with pytest.raises(InputError) as err:
+        resolve_source(str(path))
+    assert message in str(err.value) and str(path) in str(err.value) and "data.source" in str(err.value)
+
+
+def test_unknown_builtin_lists_the_known_ones():
+    with pytest.raises(InputError, match="data.source: unknown builtin asset 'nope'; known: .*demo-prompts"):
+        resolve_source("builtin:nope")
+
+
+def test_column_problems_name_field_column_and_source():
+    schema = pa.schema([("text", pa.string()), ("id", pa.float64()), ("concepts", pa.string())])
+    cfg = validate_config(job_config(__import__("pathlib").Path("/x"), data={"source": "s.jsonl"},
+                                     models={"reward": {"kind": "lexical"}}))
+    problems = column_problems(schema, cfg, "s.jsonl")
+    assert problems == [
+        "data.prompt_column: column 'prompt' is not in s.jsonl (columns: text, id, concepts)",
+        "data.id_column: column 'id' of s.jsonl is double; expected strings or integers",
+        "models.reward.concepts_column: column 'concepts' of s.jsonl is string; expected a list of strings",
+    ]
+
+
+# -- reading with Ray Data --------------------------------------------------------------------------------------
+
+
+def _ids(table):
+    return table.column("prompt_id").to_pylist()
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "json", "csv", "parquet-folder", "save_to_disk"])
+def test_every_source_format_reads_to_the_same_prompts(ray_session, tmp_path, fmt):
+    flat = [{"id": r["id"], "prompt": r["prompt"]} for r in ROWS]
+    if fmt == "jsonl":
+        src = write_jsonl(tmp_path / "p.jsonl", flat)
+    elif fmt == "json":
+        src = tmp_path / "p.json"
+        src.write_text(json.dumps(flat))
+    elif fmt == "csv":
+        src = tmp_path / "p.csv"
+        src.write_text("id,prompt\n" + "".join(f"{r['id']},{r['prompt']}\n" for r in flat))
+    elif fmt == "parquet-folder":
+        src = tmp_path / "pq"
+        src.mkdir()
+        pq.write_table(pa.Table.from_pylist(flat[:2]), src / "part-0.parquet")
+        pq.write_table(pa.Table.from_pylist(flat[2:]), src / "part-1.parquet")
+    else:
+        import datasets
+
+        src = tmp_path / "hf"
+        datasets.Dataset.from_list(flat).save_to_disk(str(src))
+    table = load_prompts(config_for(tmp_path, src))
+    assert table.schema == INPUT_SCHEMA
+    assert _ids(table) == [r["id"] for r in ROWS]
+    assert table.column("prompt").to_pylist()[4] == [{"role": "user", "content": "Write about item 4."}]
+    assert table.column("input_error").null_count == len(ROWS)
+
+
+def test_limit_keeps_the_first_rows_in_source_order(ray_session, tmp_path):
+    src = tmp_path / "pq"
+    src.mkdir()
+    for k in range(3):  # three files, so the order must survive parallel reads
+        pq.write_table(pa.Table.from_pylist(ROWS[2 * k: 2 * k + 2]), src / f"part-{k}.parquet")
+    assert _ids(load_prompts(config_for(tmp_path, src, limit=3))) == ["q0", "q1", "q2"]
+
+
+def test_chat_prompts_hashed_ids_and_lexical_concepts(ray_session, tmp_path):
+    rows = [{"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": f"u{i}"}],
+             "words": ["a", "b"]} for i in range(3)]
+    rows.append({"messages": [{"role": "user", "content": "u0"}], "words": None})
+    src = write_jsonl(tmp_path / "chat.jsonl", rows)
+    cfg = validate_config(job_config(tmp_path, data={"source": str(src), "prompt_column": "messages",
+                                                     "id_column": None, "limit": None},
+                                     models={"reward": {"kind": "lexical", "concepts_column": "words"}}))
+    table = load_prompts(cfg)
+    out = table.to_pylist()
+    assert out[0]["prompt_id"] == prompt_hash(rows[0]["messages"])
+    assert out[1]["prompt"] == rows[1]["messages"] and out[1]["concepts"] == ["a", "b"]
+    assert out[3]["input_error"] == "concepts column 'words' is null"
+
+
+def test_missing_columns_are_reported_together(ray_session, tmp_path):
+    src = write_jsonl(tmp_path / "p.jsonl", [{"text": "a", "key": "1"}])
+    cfg = validate_config(job_config(tmp_path, data={"source": str(src), "id_column": "uid"},
+                                     models={"reward": {"kind": "lexical"}}))
+    with pytest.raises(InputError) as err:
+        load_prompts(cfg)
+    assert err.value.problems == [
+        f"data.prompt_column: column 'prompt' is not in {src} (columns: text, key)",
+        f"data.id_column: column 'uid' is not in {src} (columns: text, key)",
+        f"models.reward.concepts_column: column 'concepts' is not in {src} (columns: text, key)",
+    ]
+
+
+def test_malformed_json_is_a_clean_error(ray_session, tmp_path):
+    src = tmp_path / "bad.jsonl"
+    src.write_text('{"prompt": "a"}\n{"prompt": \n')
+    with pytest.raises(InputError, match=f"data.source: {src}: cannot be read: "):
+        load_prompts(config_for(tmp_path, src))
