@@ -1,0 +1,67 @@
+"""Quality measures added to every method's per-prompt stats (outside its cost accounting).
+
+- hard_constraint / soft_constraint (paper 000, section 4.3): whether the returned response covers every concept of
+  the row (1.0 or 0.0), and the fraction it covers; only for rows with concepts.
+- perplexity (paper 002): exp of the mean negative log-likelihood of the returned response's tokens under the target
+  at temperature 1, given the prompt. Its forward is not charged to the Meter, so it does not change the method's
+  cost in tokens or calls.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+from workers.engine import left_pad, position_ids
+from workers.lexical import covered
+from workers.methods.common import Context, MethodResult, PromptInput
+
+
+def constraint_stats(text: str, concepts: list[str] | None) -> dict:
+    """{"hard_constraint", "soft_constraint"} of a response; empty when the row has no concepts."""
+    if not concepts:
+        return {}
+    hits = covered(text, list(concepts))
+    return {"hard_constraint": float(all(hits)), "soft_constraint": sum(hits) / len(hits)}
+
+
+@torch.inference_mode()
+def perplexities(model: torch.nn.Module, pad_id: int, prompts: list[list[int]], responses: list[list[int]],
+                 batch_rows: int = 16) -> list[float | None]:
+    """Perplexity of each response given its prompt under `model` (temperature 1); None for an empty response."""
+    dev = next(model.parameters()).device
+    out: list[float | None] = [None] * len(prompts)
+    todo = [i for i, r in enumerate(responses) if r]
+    for s in range(0, len(todo), batch_rows):
+        chunk = todo[s : s + batch_rows]
+        ids, mask = left_pad([prompts[i] + responses[i] for i in chunk], pad_id, dev)  # [b, L]
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask)).logits.float()
+        logp = torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None])[..., 0]  # [b, L-1]
+        for r, i in enumerate(chunk):
+            n = len(responses[i])
+            out[i] = math.exp(-float(logp[r, -n:].double().mean()))
+    return out
+
+
+def add_measures(ctx: Context, prompts: list[PromptInput], results: list[MethodResult]) -> None:
+    """Add the constraint and perplexity stats of each prompt's returned candidate, in place."""
+    best = [r.candidates[r.best_index] if r.best_index is not None else None for r in results]
+    have = [i for i, c in enumerate(best) if c is not None]
+    ppl = perplexities(ctx.target, ctx.pad_id, [prompts[i].ids for i in have], [best[i].tokens for i in have])
+    for i, value in zip(have, ppl):
+        results[i].stats["perplexity"] = value
+        results[i].stats.update(constraint_stats(best[i].text, prompts[i].concepts))
+
+
+def with_measures(method):
+    """Wrap a method so that its results carry the measures of `add_measures`."""
+
+    @functools.wraps(method)
+    def run(ctx: Context, prompts: list[PromptInput]) -> list[MethodResult]:
+        results = method(ctx, prompts)
+        add_measures(ctx, prompts, results)
+        return results
+
+    return run

@@ -1,0 +1,64 @@
+"""Speculative decoding as a method (one response per prompt), and the loop helpers of the draft/target methods.
+
+`speculative_decoding` is a pool of one candidate per prompt decoded by the speculative sampler
+(workers.speculative.SpeculativeEngine) with `method.gamma` drafted tokens per target call: the target's own
+distribution (its greedy decoding at temperature 0) with fewer target calls.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from workers.methods.common import Candidate, Context, MethodResult, PromptInput
+from workers.methods.rejection import NoDecisions, run_pool
+from workers.speculative import SpecRows, Tally
+
+
+def speculative_decoding(ctx: Context, prompts: list[PromptInput]) -> list[MethodResult]:
+    if ctx.draft is None:
+        raise ValueError("models.draft: required by method 'speculative_decoding'")
+    results = run_pool(ctx, prompts, 1, 0.0, NoDecisions())  # make_sampler picks the speculative sampler
+    for r in results:
+        r.best_index = 0
+    return results
+
+
+def harvest(rows: SpecRows, eos: torch.Tensor, out: dict[int, list[int]]) -> torch.Tensor | None:
+    """Record finished rows (EOS pending, or at their limit) by group and drop them from both caches.
+
+    Returns the indices of the rows kept (for per-row state held outside `rows`), or None when none left."""
+    done = rows.alive & (torch.isin(rows.pending, eos) | (rows.length >= rows.limit))
+    if not bool(done.any()):
+        return None
+    for i in done.nonzero().flatten().tolist():
+        out[int(rows.group[i])] = rows.response(i)
+    rows.alive &= ~done
+    keep = rows.alive.nonzero().flatten()
+    rows.select(keep)
+    return keep
+
+
+def score_rows(ctx: Context, prompts: list[PromptInput], rows: SpecRows, idx: torch.Tensor, ext: torch.Tensor,
+               ext_len: torch.Tensor) -> torch.Tensor:
+    """Rewards [R] of each row idx[r]'s response followed by ext[r, :ext_len[r]] (float64)."""
+    items = []
+    for r, i in enumerate(idx.tolist()):
+        g = int(rows.group[i])
+        items.append(ctx.scored(g, prompts[g], rows.response(i) + ext[r, : int(ext_len[r])].tolist()))
+    values = ctx.score(items)
+    if any(v is None for v in values):
+        raise ValueError("models.reward: required by this method, which steers decoding by reward")
+    return torch.tensor(values, dtype=torch.float64, device=idx.device)
+
+
+def finish(ctx: Context, prompts: list[PromptInput], out: dict[int, list[int]], tally: Tally,
+           speculative: bool = True) -> list[MethodResult]:
+    """One result per prompt from its response: scored when a reward is configured, with the tally's stats."""
+    cands = [Candidate(out[g], ctx.finish_reason(out[g])) for g in range(len(prompts))]
+    rewards = ctx.score([ctx.scored(g, p, c.tokens) for g, (p, c) in enumerate(zip(prompts, cands))])
+    results = []
+    for g, (c, r) in enumerate(zip(cands, rewards)):
+        c.text, c.reward = ctx.decode(c.tokens), r
+        stats = {"generated_tokens": len(c.tokens), "finished_candidates": 1, **tally.stats(g, speculative)}
+        results.append(MethodResult([c], 0, stats))
+    return results
