@@ -11,6 +11,7 @@ is in candidates/ once if its checkpoint committed, and is generated again other
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import ray
@@ -74,7 +75,10 @@ def connect() -> str:
     start a local one; returns a line saying which."""
     if ray.is_initialized():
         return "using the Ray instance already initialised in this process"
-    ray.init(log_to_driver=True)
-    ctx = ray.get_runtime_context()
-    return f"Ray at {ctx.gcs_address} ({ray.cluster_resources().get('CPU', 0):g} CPUs, " \
-           f"{ray.cluster_resources().get('GPU', 0):g} GPUs)"
+    address = os.environ.get("RAY_ADDRESS")
+    ray.init()
+    resources = ray.cluster_resources()
+    size = f"{resources.get('CPU', 0):g} CPUs, {resources.get('GPU', 0):g} GPUs"
+    if address:
+        return f"joined the Ray cluster at RAY_ADDRESS={address} ({size})"
+    return f"Ray at {ray.get_runtime_context().gcs_address} ({size})"

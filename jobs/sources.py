@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import posixpath
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -337,13 +338,22 @@ def load_prompts(config: JobConfig) -> pa.Table:
     return assign_unique_ids(table)
 
 
+_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*([A-Z]\w*): (.+)$")
+
+
 def short_error(err: BaseException) -> str:
-    """The innermost message of an exception that Ray wrapped, on one line."""
+    """`Type: message` of the root cause of an exception, on one line.
+
+    Ray re-raises a remote failure with the remote traceback in its text (the user's exception first, then Ray's
+    wrappers such as ``ray.exceptions.UserCodeException``); the first ``Type: message`` line that is not Ray's own
+    names what went wrong.
+    """
+    for line in str(err).splitlines():
+        m = _EXCEPTION_LINE.match(line)
+        if m and not line.startswith("ray."):
+            return f"{m.group(1)}: {m.group(2).strip()}"
     cause = err
-    while getattr(cause, "cause", None) is not None:  # RayTaskError.cause
-        cause = cause.cause
     while cause.__cause__ is not None:
         cause = cause.__cause__
-    text = str(cause).strip().splitlines()
-    line = next((t for t in reversed(text) if t.strip()), type(cause).__name__)
-    return f"{type(cause).__name__}: {line.strip()}"
+    lines = [t.strip() for t in str(cause).splitlines() if t.strip()]
+    return f"{type(cause).__name__}: {lines[0]}" if lines else type(cause).__name__

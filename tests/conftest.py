@@ -64,3 +64,8 @@ def winnow(*args: str, env: dict | None = None, timeout: float = 600, cwd: Path 
     full_env = {**os.environ, **(env or {})}
     return subprocess.run([sys.executable, "-m", "jobs.cli", *args], cwd=cwd, env=full_env, capture_output=True,
                           text=True, timeout=timeout)
+
+
+def exploding_reward(prompts, texts):
+    """A `python` reward (`conftest:exploding_reward`) whose service is down: the engine fails on every batch."""
+    raise RuntimeError("reward service unavailable")

@@ -1,0 +1,48 @@
+"""Every shipped config validates, names models and data that exist, and the README's config reference is current."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from jobs.config_doc import render, section_of
+from jobs.preflight import model_problems
+from jobs.sources import resolve_source
+from schemas.config import load_config
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
+
+
+def test_the_shipped_configs_are_there():
+    assert {p.name for p in CONFIGS} >= {"quickstart.yaml", "best_of_n.yaml"}
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_shipped_config_validates(path):
+    config = load_config(path)
+    assert model_problems(config) == []
+    resolve_source(config.data.source)  # raises InputError if the data is not there
+
+
+def test_quickstart_and_best_of_n_compare_like_with_like():
+    sr, bon = load_config(ROOT / "configs/quickstart.yaml"), load_config(ROOT / "configs/best_of_n.yaml")
+    assert (sr.method.name, bon.method.name) == ("speculative_rejection", "best_of_n")
+    assert sr.data == bon.data and sr.method.n == bon.method.n and sr.generation == bon.generation
+    assert sr.models.target == bon.models.target and sr.models.reward == bon.models.reward
+    assert sr.output.path != bon.output.path
+
+
+def test_readme_config_reference_is_generated_from_the_schema():
+    readme = (ROOT / "README.md").read_text()
+    assert section_of(readme) == render(), "regenerate it: python -m jobs.config_doc --write README.md"
+
+
+def test_cluster_yaml_passes_the_ray_cluster_launcher_schema():
+    import yaml
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    config = yaml.safe_load((ROOT / "cluster.yaml").read_text())
+    validate_config(prepare_config(config))  # raises on a key or value the launcher would refuse
+    assert config["head_node_type"] in config["available_node_types"]

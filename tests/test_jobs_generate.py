@@ -1,0 +1,183 @@
+"""`winnow generate` end to end on the bundled trio: output, resume exactly once, refusal, per-row errors, crashes."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.dataset as pads
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import ROOT, job_config, winnow, write_config, write_jsonl
+from jobs import generate
+from schemas.rows import ROW_SCHEMA
+
+pytestmark = pytest.mark.slow
+
+DEMO = [json.loads(line) for line in (Path(__import__("assets").builtin_path("demo-prompts")) / "prompts.jsonl")
+        .read_text().splitlines() if line.strip()]
+
+
+def rows_of(run: Path) -> list[dict]:
+    return pads.dataset(str(run / "candidates"), format="parquet").to_table().to_pylist()
+
+
+def manifest_of(run: Path) -> dict:
+    return json.loads((run / "manifest.json").read_text())
+
+
+def test_quickstart_on_two_local_workers(tmp_path):
+    """The shipped quickstart, as a user runs it: its own local Ray, 2 actors, 6 prompts; then again (resume)."""
+    run = tmp_path / "quickstart"
+    args = ["generate", "configs/quickstart.yaml", "--set", "resources.workers=2", "--set", "data.limit=6",
+            "--set", f"output.path={run}"]
+    first = winnow(*args)
+    assert first.returncode == 0, first.stderr[-3000:]
+    rows = rows_of(run)
+    assert sorted(r["prompt_id"] for r in rows) == sorted(d["id"] for d in DEMO[:6])
+    assert pq.read_schema(next((run / "candidates").glob("*.parquet"))).equals(ROW_SCHEMA)
+    m = manifest_of(run)
+    for r in rows:
+        assert r["error"] is None and r["method"] == "speculative_rejection"
+        assert len(r["candidates"]) == m["config"]["method"]["n"]
+        assert r["best_text"] == r["candidates"][r["best_index"]]["text"]
+    rejected = [c for r in rows for c in r["candidates"] if c["finish_reason"] == "rejected"]
+    assert rejected and all(c["reward"] is None for c in rejected)  # Speculative Rejection did cut candidates
+    assert (m["status"], m["rows"], m["errors"], m["name"]) == ("succeeded", 6, 0, "quickstart")
+    assert m["config"]["resources"]["workers"] == 2 and m["finished_at"] >= m["started_at"]
+    device_s = sum(r["cost"]["device_seconds"] for r in rows)
+    assert m["cost"]["device_seconds"] == pytest.approx(device_s)
+    assert m["cost"]["usd"] == pytest.approx(device_s / 3600 * 2.0)
+    table = first.stdout
+    assert "| prompts | errors | mean best reward | tokens | device-seconds | USD" in table
+    assert "|       6 |      0 |" in table
+
+    files = sorted(p.name for p in (run / "candidates").iterdir())
+    again = winnow(*args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "6 already written; nothing left to generate" in again.stdout
+    assert sorted(p.name for p in (run / "candidates").iterdir()) == files
+    assert manifest_of(run)["rows"] == 6
+
+
+def test_changed_config_is_refused_and_overwrite_replaces_it(ray_session, tmp_path, capsys):
+    cfg = write_config(tmp_path / "job.yaml", job_config(tmp_path, data={"limit": 2}))
+    assert generate.main([str(cfg)]) == 0
+    before = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "run").rglob("*")}
+    capsys.readouterr()
+    assert generate.main([str(cfg), "--set", "method.n=2"]) == 2
+    err = capsys.readouterr().err
+    assert "holds a run of a different config" in err and "changed: method.n" in err
+    assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "run").rglob("*")} == before
+    assert generate.main([str(cfg), "--set", "method.n=2", "--overwrite"]) == 0
+    rows = rows_of(tmp_path / "run")
+    assert len(rows) == 2 and all(len(r["candidates"]) == 2 for r in rows)
+    assert manifest_of(tmp_path / "run")["config"]["method"]["n"] == 2
+
+
+def test_rows_that_cannot_run_become_error_rows(ray_session, tmp_path):
+    long_prompt = "Write a sentence using these concepts: " + " ".join(["dog"] * 400)
+    src = write_jsonl(tmp_path / "p.jsonl", [
+        {"id": "ok-1", "prompt": DEMO[0]["prompt"], "concepts": DEMO[0]["concepts"]},
+        {"id": "empty", "prompt": "   ", "concepts": ["a"]},
+        {"id": "ok-1", "prompt": DEMO[1]["prompt"], "concepts": DEMO[1]["concepts"]},
+        {"id": "long", "prompt": long_prompt, "concepts": ["dog"]},
+        {"id": "no-concepts", "prompt": DEMO[2]["prompt"], "concepts": None},
+        {"id": "ok-2", "prompt": DEMO[3]["prompt"], "concepts": DEMO[3]["concepts"]},
+    ])
+    cfg = write_config(tmp_path / "job.yaml", job_config(
+        tmp_path, data={"source": str(src), "limit": None},
+        models={"reward": {"kind": "lexical", "concepts_column": "concepts"}}, method={"name": "best_of_n", "n": 2}))
+    assert generate.main([str(cfg)]) == 0
+    rows = {r["prompt_id"]: r for r in rows_of(tmp_path / "run")}
+    assert sorted(rows) == ["empty", "long", "no-concepts", "ok-1", "ok-1#dup1", "ok-2"]
+    assert rows["empty"]["error"] == "empty prompt"
+    assert rows["ok-1#dup1"]["error"] == "duplicate prompt_id 'ok-1': first seen at row 0; only that one runs"
+    assert rows["ok-1#dup1"]["prompt"][0]["content"] == DEMO[1]["prompt"]
+    assert "the target's context is 256 tokens" in rows["long"]["error"]
+    assert rows["no-concepts"]["error"] == "concepts column 'concepts' is null"
+    for ok in ("ok-1", "ok-2"):
+        assert rows[ok]["error"] is None and 0.0 <= rows[ok]["best_reward"] <= 1.0
+    assert all(rows[k]["candidates"] == [] for k in ("empty", "long", "no-concepts", "ok-1#dup1"))
+    m = manifest_of(tmp_path / "run")
+    assert (m["status"], m["rows"], m["errors"], m["prompts"]) == ("succeeded", 6, 4, 6)
+
+
+def exploding_reward_config(tmp_path):
+    return job_config(tmp_path, models={"reward": {"kind": "python", "function": "conftest:exploding_reward"}})
+
+
+def test_an_engine_failure_fails_the_job_loudly(tmp_path):
+    cfg = write_config(tmp_path / "job.yaml", exploding_reward_config(tmp_path))
+    env = {"PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
+    proc = winnow("generate", str(cfg), env=env)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "winnow generate: the job failed: RuntimeError: reward service unavailable" in proc.stderr
+    m = manifest_of(tmp_path / "run")
+    assert m["status"] == "failed" and "reward service unavailable" in m["error"] and m["finished_at"]
+
+
+def _committed(run: Path) -> int:
+    ckpt = run / "_checkpoint"
+    return len([p for p in ckpt.glob("*.parquet") if not p.name.endswith(".pending.parquet")]) if ckpt.exists() else 0
+
+
+def test_sigkill_then_resume_writes_each_prompt_exactly_once(tmp_path):
+    run = tmp_path / "run"
+    cfg = write_config(tmp_path / "job.yaml", job_config(
+        tmp_path, data={"limit": None}, method={"name": "best_of_n", "n": 8}, generation={"max_new_tokens": 32},
+        resources={"workers": 1, "prompts_per_batch": 1}))
+    cmd = [sys.executable, "-m", "jobs.generate", str(cfg)]
+    log = open(tmp_path / "first.log", "w")
+    first = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while _committed(run) == 0 and first.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        os.kill(first.pid, signal.SIGKILL)
+        assert first.wait(30) == -signal.SIGKILL
+    finally:
+        time.sleep(2)
+        try:  # Ray processes the killed driver started, so that none of them writes during the second run
+            os.killpg(first.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        log.close()
+    written_before = len({r["prompt_id"] for r in rows_of(run)}) if (run / "candidates").exists() else 0
+    assert 0 < written_before < len(DEMO), f"the kill should land mid-run; {written_before} rows were written"
+    assert manifest_of(run)["status"] == "running"
+
+    second = winnow("generate", str(cfg))
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "resuming 'test'" in second.stdout
+    ids = [r["prompt_id"] for r in rows_of(run)]
+    assert collections.Counter(ids) == collections.Counter(d["id"] for d in DEMO)  # every prompt exactly once
+    m = manifest_of(run)
+    assert (m["status"], m["rows"], m["prompts"]) == ("succeeded", len(DEMO), len(DEMO))
+
+
+def test_a_write_cut_short_is_rolled_back_and_redone(ray_session, tmp_path):
+    """A crash between a data file's write and its checkpoint's commit: the next run deletes it and redoes it."""
+    cfg = write_config(tmp_path / "job.yaml", job_config(tmp_path, data={"limit": 4},
+                                                         resources={"prompts_per_batch": 1}))
+    assert generate.main([str(cfg)]) == 0
+    run = tmp_path / "run"
+    committed = sorted((run / "_checkpoint").glob("*.parquet"))
+    victim = committed[0]
+    victim_ids = pq.read_table(victim).column("prompt_id").to_pylist()
+    data_files = [p for p in (run / "candidates").glob("*.parquet") if p.name.startswith(victim.stem + "-")]
+    assert len(data_files) == 1
+    victim.rename(victim.with_name(victim.stem + ".pending.parquet"))  # as if killed before the commit
+    assert generate.main([str(cfg)]) == 0
+    assert not data_files[0].exists()  # the uncommitted data file was deleted...
+    ids = [r["prompt_id"] for r in rows_of(run)]
+    assert sorted(ids) == sorted(d["id"] for d in DEMO[:4])  # ...and its prompts written again, once
+    assert set(victim_ids) <= set(ids)
+    assert not list((run / "_checkpoint").glob("*.pending.parquet"))
