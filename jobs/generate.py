@@ -79,7 +79,11 @@ def main(argv: list[str] | None = None) -> int:
     from jobs import pipeline
     from jobs.sources import load_prompts, short_error
 
-    print(f"{PROG}: {pipeline.connect()}", flush=True)
+    try:
+        print(f"{PROG}: {pipeline.connect()}", flush=True)
+    except (ConnectionError, RuntimeError, ValueError) as err:  # RAY_ADDRESS points nowhere, Ray cannot start
+        print(f"{PROG}: cannot connect to or start Ray: {short_error(err)}", file=sys.stderr)
+        return EXIT_RUNTIME
     reuse = mode == "resume" and folder.has_prompts()
     prompts = None
     if not reuse:
