@@ -19,33 +19,31 @@ import ray.data
 from ray.data.checkpoint import CheckpointConfig
 
 from jobs.actor import GenerateBatch
+from jobs.raydata import data_context
 from jobs.rundir import RunFolder
 from schemas.config import JobConfig
 
 
-def data_context(config: JobConfig, folder: RunFolder) -> ray.data.DataContext:
-    ctx = ray.data.DataContext.get_current().copy()
-    # The V2 Parquet reader adds a ListFiles task that always asks for a whole CPU; with an actor pool holding every
-    # CPU (2 workers on a 2-core machine) it would never be scheduled. The V1 reader takes num_cpus from the read.
-    ctx.use_datasource_v2 = False
-    ctx.checkpoint_config = CheckpointConfig(
+def checkpoint_config(folder: RunFolder) -> CheckpointConfig:
+    return CheckpointConfig(
         id_column="prompt_id",
         checkpoint_path=folder.url("_checkpoint"),
         delete_checkpoint_on_success=False,  # the next run of the same config must still skip these prompts
         override_filesystem=folder.arrow_fs(),
     )
-    retries = config.resources.max_retries
-    ctx.actor_task_retry_on_errors = retries > 0  # a batch that raised is retried at most `retries` times
-    ctx.max_errored_blocks = 0  # any batch that still fails fails the job
-    return ctx
 
 
 def run(config: JobConfig, folder: RunFolder) -> None:
     """Generate every prompt of `folder`/prompts.parquet not yet written; raises if any batch fails."""
     r = config.resources
-    previous = ray.data.DataContext.get_current()
-    ray.data.DataContext._set_current(data_context(config, folder))
-    try:
+    with data_context(
+        checkpoint_config=checkpoint_config(folder),
+        # The V2 Parquet reader adds a ListFiles task that always asks for a whole CPU; with an actor pool holding
+        # every CPU (2 workers on a 2-core machine) it would never be scheduled. The V1 reader takes num_cpus=0.
+        use_datasource_v2=False,
+        actor_task_retry_on_errors=r.max_retries > 0,  # a batch that raised is retried at most max_retries times
+        max_errored_blocks=0,  # a batch that still fails fails the job
+    ):
         fs = folder.arrow_fs()
         ds = ray.data.read_parquet(folder.url("prompts.parquet"), filesystem=fs, num_cpus=0)
         with warnings.catch_warnings():
@@ -66,8 +64,6 @@ def run(config: JobConfig, folder: RunFolder) -> None:
                 max_task_retries=r.max_retries,
             )
         ds.write_parquet(folder.url("candidates"), filesystem=fs, ray_remote_args={"num_cpus": 0})
-    finally:
-        ray.data.DataContext._set_current(previous)
 
 
 def connect() -> str:

@@ -294,17 +294,14 @@ def load_prompts(config: JobConfig) -> pa.Table:
 
     Needs a connected Ray. Raises InputError for a source that is absent, unreadable, or lacks a named column.
     """
-    import ray.data
-
     source = resolve_source(config.data.source)
     reward = config.models.reward
     concepts_column = reward.concepts_column if reward is not None and reward.kind == "lexical" else None
 
-    ctx = ray.data.DataContext.get_current().copy()
-    ctx.execution_options.preserve_order = True  # "first N rows" and "first occurrence" follow the source order
-    previous = ray.data.DataContext.get_current()
-    ray.data.DataContext._set_current(ctx)
-    try:
+    from jobs.raydata import data_context
+
+    # preserve_order: "the first N rows" and "the first occurrence" follow the source's order.
+    with data_context(preserve_order=True):
         ds = read_source(source)
         try:
             schema = ds.schema(fetch_if_missing=True)
@@ -330,8 +327,6 @@ def load_prompts(config: JobConfig) -> pa.Table:
             parts = [b for b in ds.iter_batches(batch_format="pyarrow", batch_size=None)]
         except Exception as err:
             raise InputError(f"data.source: {source.spec}: cannot be read: {short_error(err)}") from None
-    finally:
-        ray.data.DataContext._set_current(previous)
     table = pa.concat_tables(parts).cast(INPUT_SCHEMA) if parts else INPUT_SCHEMA.empty_table()
     if table.num_rows == 0:
         raise InputError(f"data.source: {source.spec}: holds no rows")

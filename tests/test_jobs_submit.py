@@ -77,20 +77,17 @@ def ray_head():
             time.sleep(1)
         yield url, env
     finally:
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(head.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                head.wait(20)
-            except subprocess.TimeoutExpired:
-                continue
+        try:
+            os.killpg(head.pid, signal.SIGTERM)
+            head.wait(10)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            pass
         time.sleep(1)
         try:
-            os.killpg(head.pid, signal.SIGKILL)  # anything of the group still alive after the head exited
+            os.killpg(head.pid, signal.SIGKILL)  # whatever of the head's process group is still alive
         except ProcessLookupError:
             pass
+        head.wait()
         log.close()
         shutil.rmtree(temp, ignore_errors=True)
 
