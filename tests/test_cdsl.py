@@ -237,3 +237,19 @@ def test_perplexity_is_the_targets_and_outside_the_cost():
         nll = -sum(float(lp[len(p.ids) - 1 + i, t]) for i, t in enumerate(toks)) / len(toks)
         assert abs(res.stats["perplexity"] - float(torch.tensor(nll).exp())) < 1e-3 * res.stats["perplexity"]
     assert perplexities(target, 0, [[3, 4]], [[]]) == [None]
+
+
+def test_trio_cdsl_with_the_lexical_reward():
+    from tests.trio import config, demo_rows, run_method
+    from workers.runner import Runner
+
+    cfg = config(method={"name": "cdsl"}, models={"reward": {"kind": "lexical"}},
+                 generation={"temperature": 0, "max_new_tokens": 32})
+    _, results, meter = run_method(Runner(cfg), demo_rows(4))
+    for g, r in enumerate(results):
+        counts = r.stats["state_counts"]
+        assert len(counts) == 4 and sum(counts) == round(len(r.candidates[0].tokens) / r.stats["mean_accepted_tokens"])
+        assert r.stats["soft_constraint"] is not None and r.stats["hard_constraint"] in (0.0, 1.0)
+        assert r.candidates[0].reward == r.stats["soft_constraint"]  # the lexical reward is concept coverage
+        assert 0 < r.stats["target_calls_per_token"] < 1.0
+    assert int(meter.forwards["reward"].sum()) == 0  # the lexical reward runs no model

@@ -119,3 +119,20 @@ def test_sampled_mjsd_is_seeded():
     tokens = lambda rs: [r.candidates[0].tokens for r in rs]  # noqa: E731
     assert tokens(a) == tokens(b) and tokens(a) != tokens(c)
     assert all(r.stats["mean_accepted_tokens"] > 1.0 for r in a)
+
+
+def test_trio_mjsd_with_tau_one_is_greedy_and_the_defaults_accept_long_prefixes():
+    from tests.trio import config, demo_rows, run_method, tokens_of
+    from workers.runner import Runner
+
+    rows = demo_rows(4)
+    gen = {"temperature": 0, "max_new_tokens": 32}
+    _, greedy, _ = run_method(Runner(config(method={"name": "greedy"}, generation=gen)), rows)
+    _, tau_one, _ = run_method(Runner(config(method={"name": "mjsd", "tau": 1.0, "gamma": 3, "num_beams": 2},
+                                             generation=gen)), rows)
+    assert tokens_of(tau_one) == tokens_of(greedy)
+    _, default, meter = run_method(Runner(config(method={"name": "mjsd"}, generation=gen)), rows)
+    for g, r in enumerate(default):
+        assert r.stats["mean_accepted_tokens"] > 2.0 and r.stats["perplexity"] is not None
+        iterations = round(len(r.candidates[0].tokens) / r.stats["mean_accepted_tokens"])
+        assert int(meter.forwards["target"][g]) == 1 + iterations

@@ -387,3 +387,42 @@ def test_ragged_helpers():
         twin = fork_cache(cache, torch.tensor([1, 1, 0]))
         assert twin.layers[0].keys.shape[0] == 3 and cache.layers[0].keys.shape[0] == 2
         torch.testing.assert_close(twin.layers[0].keys[2], cache.layers[0].keys[0])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# On the bundled trio, through the Runner (config -> sampler -> methods)
+
+
+def test_trio_greedy_speculative_decoding_is_the_targets_greedy_decoding():
+    from tests.trio import config, demo_rows, run_method, tokens_of
+    from workers.runner import Runner
+
+    rows = demo_rows(8)
+    gen = {"temperature": 0, "max_new_tokens": 40}
+    sd_runner = Runner(config(method={"name": "speculative_decoding", "gamma": 4}, generation=gen))
+    prompts, sd, _ = run_method(sd_runner, rows)
+    _, greedy, _ = run_method(Runner(config(method={"name": "greedy"}, generation=gen)), rows)
+    assert tokens_of(sd) == tokens_of(greedy)
+    rates = [r.stats["acceptance_rate"] for r in sd]
+    assert len(set(rates)) > 1 and all(r.stats["target_calls_per_token"] < 1.0 for r in sd), rates
+    p, res = prompts[0], sd[0]
+    ids = torch.tensor([p.ids])
+    with torch.inference_mode():
+        ref = sd_runner.target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=40, do_sample=False,
+                                        eos_token_id=sd_runner.eos_ids, pad_token_id=sd_runner.pad_id)
+    assert res.candidates[0].tokens == ref[0, len(p.ids):].tolist()
+
+
+def test_trio_speculative_rejection_with_the_speculative_sampler():
+    from tests.trio import config, demo_rows, run_method
+    from workers.runner import Runner
+
+    cfg = config(method={"name": "speculative_rejection", "n": 8, "alpha": 0.5, "schedule": "fixed",
+                         "every_k_tokens": 6}, generation={"sampler": "speculative", "gamma": 3, "max_new_tokens": 32})
+    runner = Runner(cfg)
+    assert runner.draft is not None
+    _, results, meter = run_method(runner, demo_rows(3))
+    for res in results:
+        assert any(c.finish_reason == "rejected" for c in res.candidates) and res.stats["rejection_rounds"] > 0
+        assert res.stats["acceptance_rate"] > 0 and res.stats["mean_accepted_tokens"] > 1.0
+    assert int(meter.forwards["draft"].sum()) > 0

@@ -108,7 +108,8 @@ def run_beam(ctx: Context, prompts: list[PromptInput], num_beams: int, length_pe
     results = []
     for g, (c, r) in enumerate(zip(cands, rewards)):
         c.text, c.reward = ctx.decode(c.tokens), r
-        stats = {"generated_tokens": len(c.tokens), "finished_candidates": 1}
+        tally.c["generated"][g] = len(c.tokens)
+        stats = {"generated_tokens": len(c.tokens), "finished_candidates": 1, **tally.stats(g, speculative=False)}
         results.append(MethodResult([c], 0, stats))
     return results
 
