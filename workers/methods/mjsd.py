@@ -61,11 +61,12 @@ def choose_beams(
 
 def beam_draft(
     d: Side, rows: SpecRows, gam: torch.Tensor, num_beams: int, warp: Warp, seed: int, eos: torch.Tensor,
-    meter: Meter, tally: Tally,
+    meter: Meter, tally: Tally, stride: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Beam-sample gamma_b tokens per row with the draft. Returns the chosen beam's tokens x [B, G] and the joint
     draft log-probabilities of its prefixes, log q(x_1..x_j) [B, G]. The draft side ends on the chosen beams
-    (fed: backlog, pending, x_1..x_{G-1})."""
+    (fed: backlog, pending, x_1..x_{G-1}). `stride`: the method's gamma (the most any iteration drafts), which keeps
+    the random coordinates of different iterations apart (default: this call's G)."""
     b, m = rows.size, num_beams
     g = int(gam.max())
     lik = likelihood_warp(warp)
@@ -77,9 +78,12 @@ def beam_draft(
     cand_ids = torch.arange(m * v, device=logits.device)  # RNG coordinate of each (beam, token) pair
 
     def draws(step: int) -> torch.Tensor | None:
+        """Uniforms [B, M*V] of one beam step. Their position coordinate, pending index x gamma_max + step, is
+        unique to the iteration (the pending index grows every iteration), so no draw is reused by a later one."""
         if warp.greedy:
             return None
-        return uniforms(seed, rows.key[:, None], cand_ids[None, :], (pos0 + 1 + step)[:, None], STREAM_BEAM)
+        return uniforms(seed, rows.key[:, None], cand_ids[None, :], (pos0 * (stride or g) + step)[:, None],
+                        STREAM_BEAM)
 
     # step 1: only beam 0 is live
     start = torch.full((b, m), -math.inf, device=logits.device)
@@ -139,7 +143,7 @@ def step_mjsd(
     lik = likelihood_warp(warp)
 
     if g > 0:
-        x, logq_joint = beam_draft(d, rows, gam, num_beams, warp, seed, eos, meter, tally)  # [B, G], [B, G]
+        x, logq_joint = beam_draft(d, rows, gam, num_beams, warp, seed, eos, meter, tally, stride=gamma)  # [B, G] x2
     else:
         x = torch.zeros(b, 0, dtype=torch.long, device=dev)
         logq_joint = torch.zeros(b, 0, device=dev)
