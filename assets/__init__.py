@@ -1,0 +1,42 @@
+"""Bundled tiny assets: a CommonGen-like toy world, three small Hugging Face models trained on it, demo prompts.
+
+`builtin:NAME` in a job config resolves through `builtin_path(NAME)`. The folders are committed, so a fresh clone
+needs no build and no network; `python -m assets.build` rebuilds them deterministically and
+`python -m assets.measure` re-measures them (see assets/README.md).
+
+This module is imported by the config layer, so it must stay light: no torch, no transformers.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+ASSETS_DIR: pathlib.Path = pathlib.Path(__file__).resolve().parent
+
+# name -> folder, relative to ASSETS_DIR
+BUILTINS: dict[str, str] = {
+    "tiny-target": "tiny-target",  # LlamaForCausalLM, ~1M parameters, GQA (4 heads, 2 KV heads)
+    "tiny-draft": "tiny-draft",  # LlamaForCausalLM, same tokenizer as tiny-target, ~6x cheaper per token
+    "tiny-reward": "tiny-reward",  # LlamaForSequenceClassification (1 label), its own tokenizer and chat template
+    "demo-prompts": "demo-prompts",  # prompts.jsonl: id, prompt, concepts (held-out concept sets)
+}
+
+
+def list_builtins() -> dict[str, pathlib.Path]:
+    """Every bundled asset: name -> absolute path of its folder."""
+    return {name: ASSETS_DIR / rel for name, rel in BUILTINS.items()}
+
+
+def builtin_path(name: str) -> pathlib.Path:
+    """Absolute path of the bundled asset `name` (a `builtin:` prefix is accepted); KeyError when unknown."""
+    if name.startswith("builtin:"):
+        name = name[len("builtin:"):]
+    try:
+        rel = BUILTINS[name]
+    except KeyError:
+        known = ", ".join(sorted(BUILTINS))
+        raise KeyError(f"unknown builtin asset {name!r}; known: {known}") from None
+    return ASSETS_DIR / rel
+
+
+__all__ = ["ASSETS_DIR", "BUILTINS", "builtin_path", "list_builtins"]
