@@ -98,12 +98,11 @@ class Runner:
             return self.tokenizer(text, add_special_tokens=False)["input_ids"]
         return self.tokenizer(render(self.tokenizer, messages, False))["input_ids"]
 
-    @torch.inference_mode()
-    def run(self, rows: list[dict]) -> list[dict]:
-        started = time.perf_counter()
+    def prepare(self, rows: list[dict]) -> tuple[list[tuple[int, PromptInput]], dict[int, dict]]:
+        """Split input rows into runnable prompts (with their position) and error rows (by position)."""
         name = self.config.method.name
-        out: list[dict | None] = [None] * len(rows)
         ready: list[tuple[int, PromptInput]] = []
+        errors: dict[int, dict] = {}
         for i, row in enumerate(rows):
             problem = prompt_problem(row["prompt"])
             if problem is None:
@@ -111,37 +110,45 @@ class Runner:
                 if len(ids) >= self.context:
                     problem = f"prompt is {len(ids)} tokens; the target's context is {self.context} tokens"
             if problem is not None:
-                out[i] = error_row(row["prompt_id"], row["prompt"], name, problem)
+                errors[i] = error_row(row["prompt_id"], row["prompt"], name, problem)
                 continue
             concepts = row.get("concepts")
             limit = min(self.config.generation.max_new_tokens, self.context - len(ids))
-            ready.append(
-                (i, PromptInput(row["prompt_id"], row["prompt"], ids, prompt_key(row["prompt_id"]), limit,
-                                list(concepts) if concepts is not None else None))
-            )
-        if ready:
-            meter = Meter(len(ready))
-            meter.started = started
-            ctx = Context(self.config, self.target, self.tokenizer, self.draft, self.reward, meter, self.warp,
-                          self.eos_ids, self.pad_id)
-            results = self.method(ctx, [p for _, p in ready])
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
-            devices = self.config.resources.gpus_per_worker or 1.0
-            costs = meter.per_prompt(devices)
-            for (i, p), res, cost in zip(ready, results, costs):
-                best = res.best_index
-                cand = res.candidates[best] if best is not None else None
-                out[i] = {
-                    "prompt_id": p.prompt_id,
-                    "prompt": p.messages,
-                    "method": name,
-                    "candidates": [c.row() for c in res.candidates],
-                    "best_index": best,
-                    "best_text": cand.text if cand else None,
-                    "best_reward": cand.reward if cand else None,
-                    "cost": cost,
-                    "stats": {"prompt_tokens": len(p.ids), **res.stats},
-                    "error": None,
-                }
+            prompt = PromptInput(row["prompt_id"], row["prompt"], ids, prompt_key(row["prompt_id"]), limit,
+                                 list(concepts) if concepts is not None else None)
+            ready.append((i, prompt))
+        return ready, errors
+
+    def context_for(self, meter: Meter) -> Context:
+        return Context(self.config, self.target, self.tokenizer, self.draft, self.reward, meter, self.warp,
+                       self.eos_ids, self.pad_id)
+
+    @torch.inference_mode()
+    def run(self, rows: list[dict]) -> list[dict]:
+        started = time.perf_counter()
+        ready, errors = self.prepare(rows)
+        out: list[dict | None] = [errors.get(i) for i in range(len(rows))]
+        if not ready:
+            return out
+        meter = Meter(len(ready))
+        meter.started = started
+        results = self.method(self.context_for(meter), [p for _, p in ready])
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        costs = meter.per_prompt(self.config.resources.gpus_per_worker or 1.0)
+        for (i, p), res, cost in zip(ready, results, costs):
+            best = res.best_index
+            cand = res.candidates[best] if best is not None else None
+            out[i] = {
+                "prompt_id": p.prompt_id,
+                "prompt": p.messages,
+                "method": self.config.method.name,
+                "candidates": [c.row() for c in res.candidates],
+                "best_index": best,
+                "best_text": cand.text if cand else None,
+                "best_reward": cand.reward if cand else None,
+                "cost": cost,
+                "stats": {"prompt_tokens": len(p.ids), **res.stats},
+                "error": None,
+            }
         return out

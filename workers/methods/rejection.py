@@ -107,6 +107,7 @@ def memory_budget_bytes(method, device: torch.device) -> float:
     return budget
 
 
+@torch.inference_mode()
 def run_pool(ctx: Context, prompts: list[PromptInput], n: int, alpha: float, schedule) -> list[MethodResult]:
     """Decode n candidates per prompt, with a rejection round at each decision token the schedule calls."""
     sampler = make_sampler(ctx)
