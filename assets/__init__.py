@@ -9,6 +9,7 @@ This module is imported by the config layer, so it must stay light: no torch, no
 
 from __future__ import annotations
 
+import json
 import pathlib
 
 ASSETS_DIR: pathlib.Path = pathlib.Path(__file__).resolve().parent
@@ -39,4 +40,16 @@ def builtin_path(name: str) -> pathlib.Path:
     return ASSETS_DIR / rel
 
 
-__all__ = ["ASSETS_DIR", "BUILTINS", "builtin_path", "list_builtins"]
+def demo_rows(first: int = 0, count: int | None = None) -> list[dict]:
+    """Demo prompts `first` to `first + count` as the driver hands them to a worker: prompt_id, prompt (one user
+    message) and concepts. For tests and benches that drive the workers without a job."""
+    rows = []
+    for line in (builtin_path("demo-prompts") / "prompts.jsonl").read_text().splitlines():
+        if line.strip():
+            r = json.loads(line)
+            rows.append({"prompt_id": r["id"], "prompt": [{"role": "user", "content": r["prompt"]}],
+                         "concepts": r["concepts"]})
+    return rows[first:] if count is None else rows[first : first + count]
+
+
+__all__ = ["ASSETS_DIR", "BUILTINS", "builtin_path", "demo_rows", "list_builtins"]

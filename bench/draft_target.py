@@ -26,6 +26,8 @@ import time
 
 import torch
 
+from assets import demo_rows
+from bench.common import table
 from schemas.config import validate_config
 from workers.cost import Meter
 from workers.methods import METHODS
@@ -43,19 +45,6 @@ BASE = {
     "generation": {"max_new_tokens": 48, "temperature": 0.0},
     "output": {"path": "runs/bench"},
 }
-
-
-def demo_rows(first: int, count: int) -> list[dict]:
-    import assets
-
-    path = assets.builtin_path("demo-prompts") / "prompts.jsonl"
-    rows = []
-    for line in path.read_text().splitlines():
-        if line.strip():
-            r = json.loads(line)
-            rows.append({"prompt_id": r["id"], "prompt": [{"role": "user", "content": r["prompt"]}],
-                         "concepts": r["concepts"]})
-    return rows[first : first + count]
 
 
 class Bench:
@@ -128,21 +117,6 @@ def summary(out: dict, c: float | None = None) -> dict:
     if states:
         s["state_counts"] = [sum(col) for col in zip(*states)]
     return s
-
-
-def fmt(v) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.3f}" if abs(v) < 100 else f"{v:.1f}"
-    return str(v)
-
-
-def table(title: str, rows: dict[str, dict], cols: list[str]) -> str:
-    lines = [f"\n### {title}\n", "| method | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
-    for name, s in rows.items():
-        lines.append(f"| {name} | " + " | ".join(fmt(s.get(c)) for c in cols) + " |")
-    return "\n".join(lines)
 
 
 def tune_cdsl(bench: Bench, c: float, d: int = 3, k: int = 3) -> dict:

@@ -12,10 +12,6 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-# Some test modules import helpers as `tests.<module>`; the `pytest` console script (unlike `python -m pytest`)
-# does not put the repository root on sys.path, and `pip install -e .` installs only the packages.
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 
 @pytest.fixture(scope="session")

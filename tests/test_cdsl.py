@@ -240,7 +240,7 @@ def test_perplexity_is_the_targets_and_outside_the_cost():
 
 
 def test_trio_cdsl_with_the_lexical_reward():
-    from tests.trio import config, demo_rows, run_method
+    from tests.trio_helpers import config, demo_rows, run_method
     from workers.runner import Runner
 
     cfg = config(method={"name": "cdsl"}, models={"reward": {"kind": "lexical"}},

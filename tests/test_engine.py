@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.trio import config, demo_rows, run_method, tokens_of
+from tests.trio_helpers import config, demo_rows, run_method, tokens_of
 from workers.cost import Meter
 from workers.engine import Engine, forward, kv_bytes_per_token, left_pad
 from workers.methods.rejection import cut_value
@@ -150,8 +150,9 @@ def test_memory_schedule_decides_when_the_cache_would_pass_the_budget(rows):
     n, per_col = 8, kv_bytes_per_token(runner.target)
     rows_total = n * len(prompts)
     decide_at = 5  # generated tokens at the first decision
-    # the cache holds width + decide_at columns when deciding; one more column would pass the budget
-    budget = rows_total * (width + decide_at) * per_col
+    # with g tokens generated the cache holds width + g - 1 columns (the last token is not yet fed); the next step
+    # makes it width + g. A budget of width + decide_at - 1 columns is first passed by the step after decide_at.
+    budget = rows_total * (width + decide_at - 1) * per_col
     cfg = config(method={"name": "speculative_rejection", "n": n, "alpha": 0.5, "memory_budget_mb": budget / 2**20})
     _, results, _ = run_method(Runner(cfg), rows[:2])
     assert results[0].stats["decision_tokens"][0] == decide_at

@@ -122,7 +122,7 @@ def test_sampled_mjsd_is_seeded():
 
 
 def test_trio_mjsd_with_tau_one_is_greedy_and_the_defaults_accept_long_prefixes():
-    from tests.trio import config, demo_rows, run_method, tokens_of
+    from tests.trio_helpers import config, demo_rows, run_method, tokens_of
     from workers.runner import Runner
 
     rows = demo_rows(4)

@@ -56,7 +56,7 @@ def test_python_reward_imports_and_checks_its_function():
 
 
 def test_model_reward_renders_with_its_own_template_and_batches():
-    from tests.trio import config
+    from tests.trio_helpers import config
     from workers.runner import Runner
 
     runner = Runner(config())
@@ -82,7 +82,7 @@ def test_model_reward_renders_with_its_own_template_and_batches():
 
 
 def test_logprob_reward_is_the_mean_token_logprob():
-    from tests.trio import config
+    from tests.trio_helpers import config
     from workers.runner import Runner
 
     runner = Runner(config(models={"reward": {"kind": "logprob"}}))

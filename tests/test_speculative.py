@@ -394,7 +394,7 @@ def test_ragged_helpers():
 
 
 def test_trio_greedy_speculative_decoding_is_the_targets_greedy_decoding():
-    from tests.trio import config, demo_rows, run_method, tokens_of
+    from tests.trio_helpers import config, demo_rows, run_method, tokens_of
     from workers.runner import Runner
 
     rows = demo_rows(8)
@@ -414,7 +414,7 @@ def test_trio_greedy_speculative_decoding_is_the_targets_greedy_decoding():
 
 
 def test_trio_speculative_rejection_with_the_speculative_sampler():
-    from tests.trio import config, demo_rows, run_method
+    from tests.trio_helpers import config, demo_rows, run_method
     from workers.runner import Runner
 
     cfg = config(method={"name": "speculative_rejection", "n": 8, "alpha": 0.5, "schedule": "fixed",

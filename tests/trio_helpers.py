@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import copy
-import json
 
 import torch
 
+import assets
 from schemas.config import JobConfig, validate_config
 from workers.cost import Meter
 from workers.runner import Runner
@@ -42,17 +42,7 @@ def config(**over) -> JobConfig:
 
 
 def demo_rows(limit: int | None = None) -> list[dict]:
-    import assets
-
-    path = assets.builtin_path("demo-prompts") / "prompts.jsonl"
-    rows = []
-    for line in path.read_text().splitlines():
-        if line.strip():
-            r = json.loads(line)
-            rows.append(
-                {"prompt_id": r["id"], "prompt": [{"role": "user", "content": r["prompt"]}], "concepts": r["concepts"]}
-            )
-    return rows[:limit] if limit else rows
+    return assets.demo_rows(0, limit)
 
 
 def run_method(runner: Runner, rows: list[dict]):

@@ -1,0 +1,269 @@
+"""Best-of-N and Speculative Rejection on the bundled trio and demo prompts: `python -m bench.bon_sr`.
+
+Prints two comparisons (Markdown tables; `--json PATH` also writes every figure):
+
+1. **Sampling throughput.** Our Best-of-N (``run_pool`` without decision tokens: the batched engine, then the
+   final reward) against ``model.generate(do_sample=True, top_k=0, num_return_sequences=N)`` on the tiny target,
+   for each N of ``--ns``, in generated tokens per second (tokens up to and including EOS, or the length limit).
+   Two shapes, each run the same way on both sides:
+   - *one prompt per call*: each call decodes N candidates of one prompt (generate's own unit of work);
+   - *batched*: ``--prompts-per-batch`` prompts per call (left-padded for generate), as a job's actor does.
+   Our side includes the final scoring with the ``lexical`` reward (pure Python, well under 1% of the time); the
+   reward model's cost is in section 2.
+2. **Speculative Rejection against Best-of-N** with the tiny reward model: mean best reward, generated tokens
+   (every candidate's, rejected ones up to their rejection), wall-clock, paper 001's improvement score (eq. 8)
+   and relative compute (eq. 7). The baseline Best-of-N_min is the largest N whose KV cache fits the memory
+   budget (``--nmin``; the budget is set to its cache at full length), as Best-of-120 was the largest that fits
+   one 80 GB GPU in the paper; SR starts from a larger N in the same budget and rejects when the cache would pass
+   it. The Best-of-N sweep gives the N whose reward SR matches (interpolated in log N between the two Best-of-N
+   runs around it) and SR's generated tokens against that Best-of-N's.
+
+Wall-clock is the best of ``--repeats`` runs on ``--threads`` CPU threads (tiny models run fastest on one); the
+two sides of a comparison alternate, so that load from other processes affects both alike. One device, so the
+relative compute is a ratio of wall-clock (the paper's T x #GPUs for a Best-of-N spread over GPUs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import time
+
+import torch
+
+from assets import demo_rows
+from bench.common import table
+from jobs.reporting import improvement_score
+from schemas.config import validate_config
+from workers.cost import Meter
+from workers.engine import kv_bytes_per_token, left_pad
+from workers.methods.rejection import best_of_n, speculative_rejection
+from workers.runner import Runner
+
+BASE = {
+    "name": "bench",
+    "seed": 0,
+    "data": {"source": "builtin:demo-prompts", "prompt_column": "prompt", "id_column": "id"},
+    "models": {"target": "builtin:tiny-target", "reward": {"kind": "lexical"}},
+    "method": {"name": "best_of_n", "n": 16},
+    "generation": {"max_new_tokens": 48, "temperature": 1.0, "top_k": 0, "top_p": 1.0},
+    "output": {"path": "runs/bench"},
+}
+
+
+def chunks(items: list, size: int) -> list[list]:
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+class Bench:
+    def __init__(self, rows: list[dict], max_new_tokens: int, repeats: int):
+        self.base = dict(BASE, generation=dict(BASE["generation"], max_new_tokens=max_new_tokens))
+        self.lexical = Runner(validate_config(self.base))
+        model_reward = dict(self.base, models=dict(self.base["models"], reward={"kind": "model",
+                                                                                "path": "builtin:tiny-reward"}))
+        self.scorer = Runner(validate_config(model_reward)).reward
+        self.prompts = [p for _, p in self.lexical.prepare(rows)[0]]
+        self.repeats = repeats
+
+    def method(self, method: dict, per_call: int, reward: str = "lexical", seed: int = 0) -> dict:
+        """One run of a method over the prompts, `per_call` prompts per call: results, meter, wall seconds."""
+        cfg = validate_config(dict(self.base, seed=seed, method=method))
+        r = self.lexical
+        meter = Meter(len(self.prompts))
+        ctx = r.context_for(meter)
+        ctx.config = cfg
+        if reward == "model":
+            ctx.reward = self.scorer
+        fn = best_of_n if method["name"] == "best_of_n" else speculative_rejection
+        results = []
+        start = time.perf_counter()
+        with torch.inference_mode():
+            for batch in chunks(self.prompts, per_call):
+                results += fn(ctx, batch)
+        wall = time.perf_counter() - start
+        return {"results": results, "meter": meter, "wall": wall,
+                "tokens": sum(res.stats["generated_tokens"] for res in results)}
+
+    def generate(self, n: int, per_call: int) -> dict:
+        """`model.generate` over the prompts, `per_call` prompts (left-padded) and n return sequences per call."""
+        r = self.lexical
+        limit = self.base["generation"]["max_new_tokens"]
+        eos = torch.tensor(r.eos_ids)
+        tokens = 0
+        start = time.perf_counter()
+        with torch.inference_mode():
+            for batch in chunks(self.prompts, per_call):
+                ids, mask = left_pad([p.ids for p in batch], r.pad_id, r.device)
+                out = r.target.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0,
+                                        top_k=0, top_p=1.0, num_return_sequences=n, max_new_tokens=limit,
+                                        min_new_tokens=0, pad_token_id=r.pad_id, eos_token_id=r.eos_ids)
+                new = out[:, ids.shape[1]:].cpu()
+                is_eos = torch.isin(new, eos)
+                first = torch.where(is_eos.any(1), is_eos.int().argmax(1) + 1, torch.full_like(is_eos[:, 0], -1,
+                                                                                                dtype=torch.long))
+                tokens += int(torch.where(first > 0, first, new.shape[1]).sum())
+        return {"wall": time.perf_counter() - start, "tokens": tokens}
+
+
+def best_of(runs: list[dict]) -> dict:
+    """The run with the smallest wall-clock, its tokens/s added."""
+    best = min(runs, key=lambda o: o["wall"])
+    return dict(best, tokens_per_s=best["tokens"] / best["wall"])
+
+
+def throughput(bench: Bench, ns: list[int], per_batch: int) -> dict:
+    out = {}
+    for n in ns:
+        for label, per_call in (("one prompt per call", 1), (f"{per_batch} prompts per call", per_batch)):
+            ours, theirs = [], []
+            for _ in range(bench.repeats):
+                ours.append(bench.method({"name": "best_of_n", "n": n}, per_call))
+                theirs.append(bench.generate(n, per_call))
+            o, t = best_of(ours), best_of(theirs)
+            out[f"N={n}, {label}"] = {
+                "n": n, "prompts_per_call": per_call,
+                "ours_tokens": o["tokens"], "ours_s": o["wall"], "ours_tok_per_s": o["tokens_per_s"],
+                "generate_tokens": t["tokens"], "generate_s": t["wall"], "generate_tok_per_s": t["tokens_per_s"],
+                "ratio": o["tokens_per_s"] / t["tokens_per_s"],
+            }
+    return out
+
+
+def run_summary(out: dict) -> dict:
+    results = out["results"]
+    best = [res.candidates[res.best_index].reward for res in results if res.best_index is not None]
+    return {"best_reward": statistics.fmean(best), "tokens": out["tokens"], "wall_s": out["wall"],
+            "rounds": statistics.fmean(res.stats.get("rejection_rounds", 0) for res in results)}
+
+
+def finished_rewards(res) -> list[float]:
+    return [c.reward for c in res.candidates if c.finish_reason != "rejected" and c.reward is not None]
+
+
+def improvement(outs: list[dict], base_outs: list[dict]) -> float:
+    """Eq. 8 averaged over (seed, prompt) pairs, each against the baseline run of the same seed; prompts whose
+    baseline rewards are all equal have no score (the equation divides by their range)."""
+    scores = []
+    for out, base in zip(outs, base_outs):
+        for res, b in zip(out["results"], base["results"]):
+            z = finished_rewards(b)
+            if res.best_index is not None and z:
+                sc = improvement_score(res.candidates[res.best_index].reward, z)
+                if sc is not None:
+                    scores.append(sc)
+    return statistics.fmean(scores)
+
+
+def matched_n(reward: float, bon: dict[int, dict]) -> tuple[float, int] | None:
+    """The N (log-interpolated) whose Best-of-N reward equals `reward`, and the sweep's N at or just above it."""
+    ns = sorted(bon)
+    for lo, hi in zip(ns, ns[1:]):
+        rl, rh = bon[lo]["best_reward"], bon[hi]["best_reward"]
+        if rl <= reward <= rh and rh > rl:
+            frac = (reward - rl) / (rh - rl)
+            return math.exp(math.log(lo) + frac * (math.log(hi) - math.log(lo))), hi
+    if reward < bon[ns[0]]["best_reward"]:
+        return None
+    return math.inf, ns[-1]
+
+
+def sr_vs_bon(bench: Bench, bon_ns: list[int], nmin: int, sr_settings: list[tuple[int, float]], per_batch: int,
+              seeds: list[int]) -> dict:
+    """Best-of-N sweep and SR settings, each over `seeds` (figures averaged over seeds, wall-clock the best)."""
+    width = max(len(p.ids) for p in bench.prompts)
+    limit = bench.base["generation"]["max_new_tokens"]
+    budget = per_batch * nmin * (width + limit) * kv_bytes_per_token(bench.lexical.target)
+    budget_mb = budget / 2**20
+
+    def runs(method: dict) -> tuple[dict, list[dict]]:
+        outs, per_seed = [], []
+        for seed in seeds:
+            best = None
+            for _ in range(bench.repeats):
+                o = bench.method(method, per_batch, reward="model", seed=seed)
+                best = o if best is None or o["wall"] < best["wall"] else best
+            outs.append(best)
+            per_seed.append(run_summary(best))
+        s = {k: statistics.fmean(p[k] for p in per_seed) for k in per_seed[0]}
+        return s, outs
+
+    rows, bon, bon_outs = {}, {}, {}
+    for n in bon_ns:
+        bon[n], bon_outs[n] = runs({"name": "best_of_n", "n": n})
+    base, base_outs = bon[nmin], bon_outs[nmin]
+
+    def add_baseline(s: dict, outs: list[dict]) -> dict:
+        s["improvement_score"] = improvement(outs, base_outs)  # eq. 8
+        s["relative_compute"] = s["wall_s"] / base["wall_s"]  # eq. 7
+        return s
+
+    for n in bon_ns:
+        rows[f"Best-of-{n}"] = add_baseline(dict(bon[n]), bon_outs[n])
+    for n, alpha in sr_settings:
+        method = {"name": "speculative_rejection", "n": n, "alpha": alpha, "schedule": "memory",
+                  "memory_budget_mb": budget_mb}
+        s = add_baseline(*runs(method))
+        m = matched_n(s["best_reward"], bon)
+        if m is not None:
+            s["matches_bon_n"] = m[0]
+            s["vs_bon"] = m[1]
+            s["tokens_vs_that_bon"] = s["tokens"] / bon[m[1]]["tokens"]
+        rows[f"SR n={n} alpha={alpha}"] = s
+    return {"budget_mb": budget_mb, "width": width, "rows": rows}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--prompts", type=int, default=32, help="number of demo prompts (from the first)")
+    ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--repeats", type=int, default=2, help="runs per figure; wall-clock is the best")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--ns", default="16,64", help="N values of the throughput comparison")
+    ap.add_argument("--prompts-per-batch", type=int, default=4)
+    ap.add_argument("--bon-ns", default="1,2,4,8,16,32,64,128", help="the Best-of-N sweep")
+    ap.add_argument("--nmin", type=int, default=16, help="Best-of-N_min: the baseline whose cache sets the budget")
+    ap.add_argument("--sr", default="64:0.5,128:0.5,128:0.75",
+                    help="SR settings as n:alpha, comma-separated")
+    ap.add_argument("--seeds", default="0,1", help="seeds of section 2 (its figures are means over them)")
+    ap.add_argument("--sections", default="throughput,sr", help="comma-separated subset of throughput,sr")
+    ap.add_argument("--json", help="also write every figure to this file")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    sections = set(args.sections.split(","))
+    bench = Bench(demo_rows(0, args.prompts), args.max_new_tokens, args.repeats)
+    report: dict = {"args": vars(args), "torch": torch.__version__}
+    print(f"# Best-of-N / Speculative Rejection bench: {len(bench.prompts)} demo prompts, max_new_tokens "
+          f"{args.max_new_tokens}, {args.threads} thread(s), best of {args.repeats}")
+    bench.method({"name": "best_of_n", "n": 4}, args.prompts_per_batch)  # warm-up (first-call allocations)
+    bench.generate(4, args.prompts_per_batch)
+
+    if "throughput" in sections:
+        rows = throughput(bench, [int(n) for n in args.ns.split(",")], args.prompts_per_batch)
+        report["throughput"] = rows
+        print(table("Best-of-N sampling: our engine vs model.generate(num_return_sequences=N), tokens/s", rows,
+                    ["ours_tok_per_s", "generate_tok_per_s", "ratio", "ours_tokens", "generate_tokens", "ours_s",
+                     "generate_s"], first="shape"))
+
+    if "sr" in sections:
+        settings = [(int(n), float(a)) for n, a in (s.split(":") for s in args.sr.split(","))]
+        out = sr_vs_bon(bench, [int(n) for n in args.bon_ns.split(",")], args.nmin, settings,
+                        args.prompts_per_batch, [int(s) for s in args.seeds.split(",")])
+        report["sr"] = out
+        print(table(f"Speculative Rejection vs Best-of-N (tiny reward model; {args.prompts_per_batch} prompts per "
+                    f"call; memory budget {out['budget_mb']:.2f} MB = Best-of-{args.nmin}'s KV cache at full length; "
+                    f"baseline Best-of-{args.nmin}; means over seeds {args.seeds})", out["rows"],
+                    ["best_reward", "tokens", "wall_s", "improvement_score", "relative_compute", "rounds",
+                     "matches_bon_n", "vs_bon", "tokens_vs_that_bon"]))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
