@@ -16,7 +16,8 @@ Prints two comparisons (Markdown tables; `--json PATH` also writes every figure)
    budget (``--nmin``; the budget is set to its cache at full length), as Best-of-120 was the largest that fits
    one 80 GB GPU in the paper; SR starts from a larger N in the same budget and rejects when the cache would pass
    it. The Best-of-N sweep gives the N whose reward SR matches (interpolated in log N between the two Best-of-N
-   runs around it) and SR's generated tokens against that Best-of-N's.
+   runs around it), and SR's generated tokens against that Best-of-N's (its tokens per candidate x the matched N)
+   and against the next Best-of-N of the sweep.
 
 Wall-clock is the best of ``--repeats`` runs on ``--threads`` CPU threads (tiny models run fastest on one); the
 two sides of a comparison alternate, so that load from other processes affects both alike. One device, so the
@@ -208,8 +209,11 @@ def sr_vs_bon(bench: Bench, bon_ns: list[int], nmin: int, sr_settings: list[tupl
         m = matched_n(s["best_reward"], bon)
         if m is not None:
             s["matches_bon_n"] = m[0]
-            s["vs_bon"] = m[1]
-            s["tokens_vs_that_bon"] = s["tokens"] / bon[m[1]]["tokens"]
+            # Best-of-N's tokens grow linearly in N: its tokens per candidate x the matched N
+            per_candidate = statistics.fmean(bon[k]["tokens"] / k for k in bon)
+            s["tokens_vs_matched_bon"] = s["tokens"] / (per_candidate * m[0]) if math.isfinite(m[0]) else None
+            s["tokens_vs_bon_above"] = s["tokens"] / bon[m[1]]["tokens"]
+            s["bon_above"] = m[1]
         rows[f"SR n={n} alpha={alpha}"] = s
     return {"budget_mb": budget_mb, "width": width, "rows": rows}
 
@@ -258,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"call; memory budget {out['budget_mb']:.2f} MB = Best-of-{args.nmin}'s KV cache at full length; "
                     f"baseline Best-of-{args.nmin}; means over seeds {args.seeds})", out["rows"],
                     ["best_reward", "tokens", "wall_s", "improvement_score", "relative_compute", "rounds",
-                     "matches_bon_n", "vs_bon", "tokens_vs_that_bon"]))
+                     "matches_bon_n", "tokens_vs_matched_bon", "bon_above", "tokens_vs_bon_above"]))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)

@@ -24,6 +24,7 @@ from fsspec.implementations.local import LocalFileSystem
 from pydantic import ValidationError
 
 from jobs.errors import InputError
+from jobs.rundir import committed_data_files
 from schemas.manifest import Manifest
 from schemas.rows import ROW_SCHEMA
 
@@ -91,6 +92,11 @@ def _manifest_problems(uri: str, data: object) -> tuple[Manifest | None, list[st
 
 
 def _candidate_files(fs, path: str) -> list[str]:
+    """The data files of a run: with Ray Data's checkpoint (`_checkpoint/`, as `winnow generate` writes) only the
+    committed ones, so a run killed mid-write contributes no half-written file; without one (a folder assembled by
+    hand) every `.parquet` under candidates/ whose name does not start with `.` or `_`."""
+    if fs.isdir(posixpath.join(path, "_checkpoint")):
+        return committed_data_files(fs, path)
     folder = posixpath.join(path, "candidates")
     if not fs.isdir(folder):
         return []

@@ -216,16 +216,21 @@ def pending_checkpoints(folder: RunFolder) -> list[str]:
 
 def committed_files(folder: RunFolder) -> list[str]:
     """Data files under candidates/ whose Ray Data checkpoint is committed (so they were written whole)."""
-    ckpt, data = folder.join("_checkpoint"), folder.join("candidates")
-    if not folder.fs.isdir(data) or not folder.fs.isdir(ckpt):
+    return committed_data_files(folder.fs, folder.path)
+
+
+def committed_data_files(fs, path: str) -> list[str]:
+    """committed_files for a run folder given as a filesystem and a path."""
+    ckpt, data = posixpath.join(path, "_checkpoint"), posixpath.join(path, "candidates")
+    if not fs.isdir(data) or not fs.isdir(ckpt):
         return []
     bases = [
         posixpath.basename(p)[: -len(".parquet")]
-        for p in folder.fs.ls(ckpt, detail=False)
+        for p in fs.ls(ckpt, detail=False)
         if p.endswith(".parquet") and not p.endswith(PENDING)
     ]
     out = []
-    for p in sorted(folder.fs.find(data)):
+    for p in sorted(fs.find(data)):
         name = posixpath.basename(p)
         if name.endswith(".parquet") and any(name.startswith(b + "-") or name == b + ".parquet" for b in bases):
             out.append(p)

@@ -257,3 +257,17 @@ def test_failure_while_writing_leaves_nothing(tmp_path, runs, monkeypatch, capsy
     assert main([*runs, "--out", str(tmp_path / "out")]) == 1
     assert "disk full" in capsys.readouterr().err
     assert [p for p in os.listdir(tmp_path) if p.startswith("out")] == []
+
+
+def test_only_files_with_a_committed_checkpoint_are_read(tmp_path):
+    """A run folder with Ray Data's `_checkpoint/` (as `winnow generate` writes) contributes only the data files
+    whose checkpoint is committed: a file whose write was cut short (pending checkpoint) is not read."""
+    uri = write_run(str(tmp_path / "run"), [row("p1", [cand("kept", 1.0)]), row("p2", [cand("half", 2.0)])],
+                    files=2)
+    ckpt = tmp_path / "run" / "_checkpoint"
+    ckpt.mkdir()
+    pq.write_table(pa.table({"prompt_id": ["p1"]}), ckpt / "part-00000.parquet")
+    pq.write_table(pa.table({"prompt_id": ["p2"]}), ckpt / "part-00001.pending.parquet")
+    code, rows, _ = build(tmp_path, [uri])
+    assert code == 0
+    assert pick(rows) == {"p1": [("kept", 1.0)]}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import sys
 import types
 
@@ -95,3 +96,51 @@ def test_logprob_reward_is_the_mean_token_logprob():
     lp = torch.log_softmax(logits, -1)
     ref = sum(lp[len(prompt) - 1 + i, t].item() for i, t in enumerate(resp)) / len(resp)
     assert got[0] == pytest.approx(ref, abs=1e-4) and got[1] == pytest.approx(ref, abs=1e-4)
+
+
+def test_model_reward_shares_the_prompt_prefix_and_scores_as_if_whole():
+    from tests.trio_helpers import config
+    from workers.runner import Runner
+
+    bundled = Runner(config()).reward
+    assert bundled.shares_prefix  # the bundled reward model is causal and takes a cache
+    # Its template renders the response first, so candidates share almost nothing; most reward models' templates
+    # render the prompt first, as this one does.
+    tok = copy.deepcopy(bundled.tok)
+    tok.chat_template = (
+        "[BOS]{% for m in messages %}### {{ m['role'] | capitalize }}: {{ m['content'] | upper if m['role'] != "
+        "'assistant' else m['content'] | lower }}\n{% endfor %}[EOS]"
+    )
+    scorer = type(bundled)(bundled.model, tok, bundled.batch_tokens)
+    texts = ["the dog runs in the field .", "a cat sleeps .", "the", "the dog", "a boy throws a ball to the dog ."]
+    items = [
+        Scored(g, [{"role": "user", "content": q}], t, [1], [2])
+        for g, q in enumerate(["Write a sentence using these concepts: dog, field.", "Write about a cat."])
+        for t in texts
+    ]
+    shared, whole = Meter(2), Meter(2)
+    got = scorer(items, shared)
+    reference = type(scorer)(scorer.model, scorer.tok, scorer.batch_tokens)
+    reference.shares_prefix = False
+    want = reference(items, whole)
+    assert got == pytest.approx(want, abs=1e-4)
+    # the shared part is encoded once per prompt and batch: fewer reward tokens, one more forward per prompt
+    assert (shared.tokens["reward"] < whole.tokens["reward"]).all()
+    small = type(scorer)(scorer.model, scorer.tok, batch_tokens=64)
+    assert small(items, Meter(2)) == pytest.approx(want, abs=1e-4)
+
+
+def test_prefix_sharing_probe_refuses_a_bidirectional_reward_model():
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from tests.trio_helpers import config
+    from workers.rewards import prefix_sharing_is_exact
+    from workers.runner import Runner
+
+    torch.manual_seed(0)
+    bert = BertForSequenceClassification(BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2,
+                                                    num_attention_heads=2, intermediate_size=64, num_labels=1,
+                                                    pad_token_id=0)).eval()
+    assert not prefix_sharing_is_exact(bert, 0)
+    bundled = Runner(config()).reward
+    assert prefix_sharing_is_exact(bundled.model, bundled.pad)

@@ -3,20 +3,27 @@
 Every scorer takes a list of `Scored` items (one response each, partial or finished) and returns one float per
 item. The reward model usually has its own tokenizer and chat template, so a response is decoded to text with the
 target tokenizer, then rendered as prompt + assistant turn with the reward tokenizer's template and tokenised again.
-Model-based scoring is batched under a token budget (rows x padded length), shortest first.
+Model-based scoring is batched under a token budget (rows x padded length), shortest first; a causal reward model
+encodes the prompt its candidates share once (see ModelReward).
 """
 
 from __future__ import annotations
 
 import importlib
+import logging
 import math
+import os
+from collections import defaultdict
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
+from transformers import DynamicCache
 
 from workers.cost import Meter
 from workers.lexical import concept_coverage
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -51,14 +58,44 @@ def token_budget_batches(lengths: list[int], budget: int) -> list[list[int]]:
     return batches
 
 
+def shared_prefix(seqs: list[list[int]], pad_id: int | None) -> int:
+    """Leading tokens every sequence shares, short enough that each keeps its last non-pad token after them (the
+    token a sequence-classification head reads)."""
+    common = len(os.path.commonprefix(seqs))
+    last_real = min(max((i for i, t in enumerate(s) if t != pad_id), default=0) for s in seqs)
+    return min(common, last_real)
+
+
+def right_padded(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for r, s in enumerate(seqs):
+        ids[r, : len(s)] = torch.tensor(s, dtype=torch.long)
+        mask[r, : len(s)] = 1
+    return ids, mask
+
+
 class ModelReward:
-    """An AutoModelForSequenceClassification with num_labels = 1: the scalar logit is the reward."""
+    """An AutoModelForSequenceClassification with num_labels = 1: the scalar logit is the reward.
+
+    The candidates of one prompt share its rendered prompt, so with a causal reward model that takes a KV cache the
+    shared leading tokens are encoded once per batch and their cache repeated across the candidates (the engine's
+    trick, applied to scoring); only the responses are encoded row by row. A probe at load decides: the model's
+    scores of two probe sequences with and without the shared cache must agree. Bidirectional encoders (BERT-like
+    reward models) fail it, because their prompt tokens attend to the response, and are scored whole.
+    """
+
+    MIN_SHARED = 8  # shorter shared prefixes are not worth a separate prefill
 
     def __init__(self, model, tokenizer, batch_tokens: int, meter_role: str = "reward"):
         self.model, self.tok, self.batch_tokens = model, tokenizer, batch_tokens
         self.device = next(model.parameters()).device
         self.max_len = getattr(model.config, "max_position_embeddings", None) or 1 << 30
         self.role = meter_role
+        self.pad = self.tok.pad_token_id
+        self.shares_prefix = prefix_sharing_is_exact(model, self.pad)
+        log.info("reward model %s the shared prompt prefix", "caches" if self.shares_prefix else "does not cache")
 
     def encode(self, item: Scored) -> list[int]:
         text = render(self.tok, item.prompt + [{"role": "assistant", "content": item.text}], False)
@@ -69,21 +106,67 @@ class ModelReward:
     def __call__(self, items: list[Scored], meter: Meter) -> list[float]:
         encoded = [self.encode(it) for it in items]
         out = [0.0] * len(items)
-        pad = self.tok.pad_token_id
-        for batch in token_budget_batches([len(e) for e in encoded], self.batch_tokens):
-            width = max(len(encoded[i]) for i in batch)
-            ids = torch.full((len(batch), width), pad, dtype=torch.long)
-            mask = torch.zeros((len(batch), width), dtype=torch.long)
-            for r, i in enumerate(batch):
-                ids[r, : len(encoded[i])] = torch.tensor(encoded[i])
-                mask[r, : len(encoded[i])] = 1
+        whole: list[int] = []
+        by_group: dict[int, list[int]] = defaultdict(list)
+        for i, it in enumerate(items):
+            by_group[it.group].append(i)
+        for group, idx in by_group.items():
+            shared = shared_prefix([encoded[i] for i in idx], self.pad) if self.shares_prefix and len(idx) > 1 else 0
+            if shared < self.MIN_SHARED:
+                whole += idx
+                continue
+            suffixes = [encoded[i][shared:] for i in idx]
+            prefix = encoded[idx[0]][:shared]
+            for batch in token_budget_batches([shared + len(s) for s in suffixes], self.batch_tokens):
+                scores, lengths = score_with_prefix(self.model, self.pad, prefix, [suffixes[b] for b in batch],
+                                                    self.device)
+                meter.count_forward(self.role, torch.tensor([group]), torch.tensor([shared]))
+                meter.count_forward(self.role, torch.full((len(batch),), group), lengths)
+                for b, v in zip(batch, scores):
+                    out[idx[b]] = v
+        for batch in token_budget_batches([len(encoded[i]) for i in whole], self.batch_tokens):
+            rows = [whole[b] for b in batch]
+            ids, mask = right_padded([encoded[i] for i in rows], self.pad)
             logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).logits
-            scores = logits[:, 0].float().cpu()
-            for r, i in enumerate(batch):
-                out[i] = float(scores[r])
-            groups = torch.tensor([items[i].group for i in batch])
-            meter.count_forward(self.role, groups, mask.sum(-1))
+            for i, v in zip(rows, logits[:, 0].float().cpu().tolist()):
+                out[i] = v
+            meter.count_forward(self.role, torch.tensor([items[i].group for i in rows]), mask.sum(-1))
         return out
+
+
+def score_with_prefix(model, pad_id: int, prefix: list[int], suffixes: list[list[int]],
+                      device: torch.device) -> tuple[list[float], torch.Tensor]:
+    """Scores of prefix + each suffix, the prefix encoded once and its cache repeated over the suffixes (right
+    padded, so the head's rightmost-non-pad rule reads each suffix's last token); also each suffix's length."""
+    cache = DynamicCache(config=model.config)
+    pre = torch.tensor([prefix], dtype=torch.long, device=device)
+    model(input_ids=pre, attention_mask=torch.ones_like(pre), past_key_values=cache, use_cache=True)
+    cache.batch_repeat_interleave(len(suffixes))
+    ids, mask = right_padded(suffixes, pad_id)
+    ids, mask = ids.to(device), mask.to(device)
+    full = torch.cat([mask.new_ones(len(suffixes), len(prefix)), mask], dim=1)
+    pos = len(prefix) + torch.arange(ids.shape[1], device=device).expand_as(ids)
+    logits = model(input_ids=ids, attention_mask=full, position_ids=pos, past_key_values=cache, use_cache=True).logits
+    return logits[:, 0].float().cpu().tolist(), mask.sum(-1).cpu()
+
+
+@torch.inference_mode()
+def prefix_sharing_is_exact(model, pad_id: int | None) -> bool:
+    """Whether scoring with a shared prefix's cache gives the model's own scores: two probe sequences (fixed
+    pseudo-random tokens, never the pad token) sharing 12 tokens, of unequal lengths, scored both ways."""
+    vocab = model.config.get_text_config().vocab_size
+    gen = torch.Generator().manual_seed(0)
+    tokens = [t for t in torch.randint(0, vocab, (64,), generator=gen).tolist() if t != pad_id][:20]
+    prefix, suffixes = tokens[:12], [tokens[12:16], tokens[16:18]]
+    device = next(model.parameters()).device
+    try:
+        cached, _ = score_with_prefix(model, pad_id if pad_id is not None else 0, prefix, suffixes, device)
+    except (TypeError, ValueError, RuntimeError, AttributeError) as err:  # no cache support in this architecture
+        log.info("reward model cannot score with a cached prefix: %s", err)
+        return False
+    whole = [model(input_ids=torch.tensor([prefix + s], device=device)).logits[0, 0].float().item() for s in suffixes]
+    tol = 1e-4 if next(model.parameters()).dtype == torch.float32 else 2e-2
+    return all(abs(a - b) <= tol * max(1.0, abs(b)) for a, b in zip(cached, whole))
 
 
 class LogprobReward:
