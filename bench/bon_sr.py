@@ -102,9 +102,8 @@ class Bench:
                                         min_new_tokens=0, pad_token_id=r.pad_id, eos_token_id=r.eos_ids)
                 new = out[:, ids.shape[1]:].cpu()
                 is_eos = torch.isin(new, eos)
-                first = torch.where(is_eos.any(1), is_eos.int().argmax(1) + 1, torch.full_like(is_eos[:, 0], -1,
-                                                                                                dtype=torch.long))
-                tokens += int(torch.where(first > 0, first, new.shape[1]).sum())
+                # a row's tokens run to its first EOS (included); generate pads the rest of a finished row
+                tokens += int(torch.where(is_eos.any(1), is_eos.int().argmax(1) + 1, new.shape[1]).sum())
         return {"wall": time.perf_counter() - start, "tokens": tokens}
 
 
@@ -136,6 +135,7 @@ def run_summary(out: dict) -> dict:
     results = out["results"]
     best = [res.candidates[res.best_index].reward for res in results if res.best_index is not None]
     return {"best_reward": statistics.fmean(best), "tokens": out["tokens"], "wall_s": out["wall"],
+            "reward_tokens": int(out["meter"].tokens["reward"].sum()),
             "rounds": statistics.fmean(res.stats.get("rejection_rounds", 0) for res in results)}
 
 
@@ -170,7 +170,7 @@ def matched_n(reward: float, bon: dict[int, dict]) -> tuple[float, int] | None:
     return math.inf, ns[-1]
 
 
-def sr_vs_bon(bench: Bench, bon_ns: list[int], nmin: int, sr_settings: list[tuple[int, float]], per_batch: int,
+def sr_vs_bon(bench: Bench, bon_ns: list[int], nmin: int, sr_settings: list[tuple[int, float, int | None]], per_batch: int,
               seeds: list[int]) -> dict:
     """Best-of-N sweep and SR settings, each over `seeds` (figures averaged over seeds, wall-clock the best)."""
     width = max(len(p.ids) for p in bench.prompts)
@@ -202,9 +202,12 @@ def sr_vs_bon(bench: Bench, bon_ns: list[int], nmin: int, sr_settings: list[tupl
 
     for n in bon_ns:
         rows[f"Best-of-{n}"] = add_baseline(dict(bon[n]), bon_outs[n])
-    for n, alpha in sr_settings:
-        method = {"name": "speculative_rejection", "n": n, "alpha": alpha, "schedule": "memory",
-                  "memory_budget_mb": budget_mb}
+    for n, alpha, every in sr_settings:
+        method = {"name": "speculative_rejection", "n": n, "alpha": alpha}
+        if every:
+            method.update(schedule="fixed", every_k_tokens=every)
+        else:
+            method.update(schedule="memory", memory_budget_mb=budget_mb)
         s = add_baseline(*runs(method))
         m = matched_n(s["best_reward"], bon)
         if m is not None:
@@ -214,7 +217,7 @@ def sr_vs_bon(bench: Bench, bon_ns: list[int], nmin: int, sr_settings: list[tupl
             s["tokens_vs_matched_bon"] = s["tokens"] / (per_candidate * m[0]) if math.isfinite(m[0]) else None
             s["tokens_vs_bon_above"] = s["tokens"] / bon[m[1]]["tokens"]
             s["bon_above"] = m[1]
-        rows[f"SR n={n} alpha={alpha}"] = s
+        rows[f"SR n={n} alpha={alpha}" + (f" every {every} tokens" if every else "")] = s
     return {"budget_mb": budget_mb, "width": width, "rows": rows}
 
 
@@ -226,10 +229,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--ns", default="16,64", help="N values of the throughput comparison")
     ap.add_argument("--prompts-per-batch", type=int, default=4)
-    ap.add_argument("--bon-ns", default="1,2,4,8,16,32,64,128", help="the Best-of-N sweep")
+    ap.add_argument("--bon-ns", default="1,2,4,8,16,32,64,128,256", help="the Best-of-N sweep")
     ap.add_argument("--nmin", type=int, default=16, help="Best-of-N_min: the baseline whose cache sets the budget")
-    ap.add_argument("--sr", default="64:0.5,128:0.5,128:0.75",
-                    help="SR settings as n:alpha, comma-separated")
+    ap.add_argument("--sr", default="64:0.5,128:0.5,128:0.5:4,256:0.5:4",
+                    help="SR settings, comma-separated: n:alpha (decisions by the memory budget) or n:alpha:K (a "
+                    "decision every K tokens)")
     ap.add_argument("--seeds", default="0,1", help="seeds of section 2 (its figures are means over them)")
     ap.add_argument("--sections", default="throughput,sr", help="comma-separated subset of throughput,sr")
     ap.add_argument("--json", help="also write every figure to this file")
@@ -254,14 +258,18 @@ def main(argv: list[str] | None = None) -> int:
                      "generate_s"], first="shape"))
 
     if "sr" in sections:
-        settings = [(int(n), float(a)) for n, a in (s.split(":") for s in args.sr.split(","))]
+        settings = []
+        for item in args.sr.split(","):
+            n, alpha, *every = item.split(":")
+            settings.append((int(n), float(alpha), int(every[0]) if every else None))
         out = sr_vs_bon(bench, [int(n) for n in args.bon_ns.split(",")], args.nmin, settings,
                         args.prompts_per_batch, [int(s) for s in args.seeds.split(",")])
         report["sr"] = out
         print(table(f"Speculative Rejection vs Best-of-N (tiny reward model; {args.prompts_per_batch} prompts per "
                     f"call; memory budget {out['budget_mb']:.2f} MB = Best-of-{args.nmin}'s KV cache at full length; "
                     f"baseline Best-of-{args.nmin}; means over seeds {args.seeds})", out["rows"],
-                    ["best_reward", "tokens", "wall_s", "improvement_score", "relative_compute", "rounds",
+                    ["best_reward", "tokens", "reward_tokens", "wall_s", "improvement_score", "relative_compute",
+                     "rounds",
                      "matches_bon_n", "tokens_vs_matched_bon", "bon_above", "tokens_vs_bon_above"]))
     if args.json:
         with open(args.json, "w") as f:

@@ -1,0 +1,41 @@
+"""The benches run end to end on tiny arguments (their figures are measured by hand; see README, Benchmarks)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def test_bon_sr_bench_prints_and_records_its_figures(tmp_path, capsys):
+    from bench import bon_sr
+
+    out = tmp_path / "bon_sr.json"
+    assert bon_sr.main(["--prompts", "4", "--repeats", "1", "--ns", "4", "--bon-ns", "1,2,4", "--nmin", "2",
+                        "--sr", "4:0.5,4:0.5:2", "--seeds", "0", "--max-new-tokens", "12", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "model.generate" in printed and "Speculative Rejection vs Best-of-N" in printed
+    report = json.loads(out.read_text())
+    for row in report["throughput"].values():
+        assert row["ours_tokens"] > 0 and row["generate_tokens"] > 0 and row["ratio"] > 0
+    rows = report["sr"]["rows"]
+    assert rows["Best-of-2"]["improvement_score"] == pytest.approx(100.0)  # the baseline against itself
+    assert rows["Best-of-2"]["relative_compute"] == pytest.approx(1.0)
+    assert rows["Best-of-1"]["tokens"] < rows["Best-of-4"]["tokens"]
+    sr = rows["SR n=4 alpha=0.5 every 2 tokens"]
+    assert sr["rounds"] > 0 and sr["tokens"] < rows["Best-of-4"]["tokens"]
+
+
+def test_draft_target_bench_prints_and_records_its_figures(tmp_path, capsys):
+    from bench import draft_target
+
+    out = tmp_path / "draft_target.json"
+    assert draft_target.main(["--first", "0", "--prompts", "2", "--repeats", "1", "--max-new-tokens", "8",
+                              "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "Speculative decoding vs the target's greedy decoding" in printed
+    report = json.loads(out.read_text())
+    assert report["c"] > 0
+    assert set(report) >= {"sd", "mjsd", "cdsl", "sr"}
