@@ -13,6 +13,13 @@ from matplotlib.figure import Figure
 DPI = 110
 
 
+def stacked(points: list[dict], i: int) -> int:
+    """How many earlier points lie within 3% of the axes' spans of point i (its label's row above the point)."""
+    xs, ys = [p["usd_mean"] for p in points], [p["reward_mean"] for p in points]
+    dx, dy = (max(xs) - min(xs)) or 1.0, (max(ys) - min(ys)) or 1.0
+    return sum(abs(xs[j] - xs[i]) < 0.03 * dx and abs(ys[j] - ys[i]) < 0.03 * dy for j in range(i))
+
+
 def _png(fig: Figure) -> bytes:
     FigureCanvasAgg(fig)
     buf = io.BytesIO()
@@ -32,8 +39,9 @@ def reward_vs_compute(points: list[dict], baseline: str) -> bytes:
         ax.errorbar(p["usd_mean"], p["reward_mean"], xerr=p["usd_std"], yerr=p["reward_std"], fmt=marker,
                     markersize=12 if marker == "*" else 8, capsize=4, color=f"C{i % 10}",
                     label=f"{p['label']} ({p['method']})" + (" - baseline" if p["label"] == baseline else ""))
-        ax.annotate(p["label"], (p["usd_mean"], p["reward_mean"]), textcoords="offset points", xytext=(6, 6),
-                    fontsize=9)
+        # labels of runs that land on nearly the same point are stacked rather than drawn over each other
+        ax.annotate(p["label"], (p["usd_mean"], p["reward_mean"]), textcoords="offset points",
+                    xytext=(6, 6 + 12 * stacked(points, i)), fontsize=9)
     usds = [p["usd_mean"] for p in points if p["usd_mean"] > 0]
     if usds and max(usds) / min(usds) > 20:
         ax.set_xscale("log")
