@@ -181,12 +181,7 @@ class LogprobReward:
         seqs = [it.prompt_ids + it.response_ids for it in items]
         out = [float("nan")] * len(items)
         for batch in token_budget_batches([len(s) for s in seqs], self.batch_tokens):
-            width = max(len(seqs[i]) for i in batch)
-            ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
-            mask = torch.zeros((len(batch), width), dtype=torch.long)
-            for r, i in enumerate(batch):
-                ids[r, : len(seqs[i])] = torch.tensor(seqs[i])
-                mask[r, : len(seqs[i])] = 1
+            ids, mask = right_padded([seqs[i] for i in batch], self.pad_id)
             logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).logits
             logp = torch.log_softmax(logits[:, :-1].float(), -1)  # [b, W-1, V] predicts ids[:, 1:]
             tok_logp = logp.gather(-1, ids[:, 1:, None].to(self.device))[..., 0].cpu()  # [b, W-1]
