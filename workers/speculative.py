@@ -591,13 +591,19 @@ def step_speculative(
         nxt = recovered_or_bonus(p[ar, n], q_next, rejected, u, greedy=False)
     block = torch.cat([drafts, drafts.new_zeros(b, 1)], 1)  # [B, G+1]
     block[ar, n] = nxt
-    m = emit(rows, block, (n + 1) * active, room_, eos)
+    return commit_block(rows, t, d, tally, block, n, active, gam, room_, eos)
 
+
+def commit_block(rows, t, d, tally: Tally, block: torch.Tensor, accepted: torch.Tensor, active: torch.Tensor,
+                 proposed: torch.Tensor, room_: torch.Tensor, eos: torch.Tensor) -> torch.Tensor:
+    """End of a verification: emit each active row's `accepted` drafts plus the target's token (block[:, :n+1]),
+    bring both caches in step with the committed tokens, and tally; returns the tokens emitted per row."""
+    m = emit(rows, block, (accepted + 1) * active, room_, eos)
     t.commit(rows.tokens, rows.length)
     d.commit(rows.tokens, rows.length)
     rows.store(t, d)
-    tally.add("proposed", rows.group, gam)
-    tally.add("accepted", rows.group, n * active)
+    tally.add("proposed", rows.group, proposed)
+    tally.add("accepted", rows.group, accepted * active)
     tally.add("emitted", rows.group, m)
     tally.add("generated", rows.group, m)
     tally.add("verifications", rows.group, active)

@@ -31,7 +31,7 @@ from workers.methods.common import Context, MethodResult, PromptInput
 from workers.methods.speculative import finish, harvest
 from workers.sampling import STREAM_TOKEN, Warp, sample, uniforms, warp_probs
 from workers.speculative import (
-    STREAM_BEAM, Side, SpecRows, Tally, emit, open_rows, ragged_cat, room,
+    STREAM_BEAM, Side, SpecRows, Tally, commit_block, open_rows, ragged_cat, room,
 )
 
 
@@ -167,15 +167,7 @@ def step_mjsd(
     nxt = nxt_logits.argmax(-1) if warp.greedy else sample(warp_probs(nxt_logits, warp), u)
     block = torch.cat([x, x.new_zeros(b, 1)], 1)
     block[ar, j_star] = nxt
-    m = emit(rows, block, (j_star + 1) * active, room_, eos)
-    t.commit(rows.tokens, rows.length)
-    d.commit(rows.tokens, rows.length)
-    rows.store(t, d)
-    tally.add("proposed", rows.group, gam)
-    tally.add("accepted", rows.group, j_star * active)
-    tally.add("emitted", rows.group, m)
-    tally.add("generated", rows.group, m)
-    tally.add("verifications", rows.group, active)
+    commit_block(rows, t, d, tally, block, j_star, active, gam, room_, eos)
 
 
 @torch.inference_mode()
