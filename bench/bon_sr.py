@@ -15,7 +15,7 @@ Prints two comparisons (Markdown tables; `--json PATH` also writes every figure)
    and relative compute (eq. 7). The baseline Best-of-N_min is the largest N whose KV cache fits the memory
    budget (``--nmin``; the budget is set to its cache at full length), as Best-of-120 was the largest that fits
    one 80 GB GPU in the paper; SR starts from a larger N in the same budget and rejects when the cache would pass
-   it. The Best-of-N sweep gives the N whose reward SR matches (interpolated in log N between the two Best-of-N
+   it (``--sr n:alpha``), or rejects every K tokens (``--sr n:alpha:K``). The Best-of-N sweep gives the N whose reward SR matches (interpolated in log N between the two Best-of-N
    runs around it), and SR's generated tokens against that Best-of-N's (its tokens per candidate x the matched N)
    and against the next Best-of-N of the sweep.
 
