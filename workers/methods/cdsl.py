@@ -33,9 +33,9 @@ import torch
 
 from workers.cost import Meter
 from workers.methods.common import Context, MethodResult, PromptInput
-from workers.methods.speculative import finish, harvest, score_rows
+from workers.methods.speculative import decode_rows, finish, score_rows
 from workers.sampling import STREAM_ACCEPT, STREAM_DRAFT, Warp, sample, uniforms, warp_probs
-from workers.speculative import Side, SpecRows, Tally, emit, open_rows, ragged_cat, room
+from workers.speculative import Side, SpecRows, Tally, emit, ragged_cat, room
 
 S1, S2, S3, S4 = 1, 2, 3, 4
 
@@ -281,25 +281,16 @@ def step_cdlh(
     return nxt
 
 
-def _eos(ctx: Context) -> torch.Tensor:
-    return torch.tensor(sorted(set(ctx.eos_ids)), dtype=torch.long, device=next(ctx.target.parameters()).device)
-
-
 @torch.inference_mode()
 def run_cdsl(ctx: Context, prompts: list[PromptInput], d: int, k: int, a_t: float, r_t: float, b: int,
              validation: str, decide=cdsl_states) -> list[MethodResult]:
     if ctx.draft is None:
         raise ValueError("models.draft: required by method 'cdsl'")
-    eos = _eos(ctx)
-    tally = Tally(len(prompts))
-    rows = open_rows(ctx.target, ctx.draft, [p.ids for p in prompts], [p.key for p in prompts],
-                     [p.limit for p in prompts], ctx.pad_id, ctx.meter, tally)
-    out: dict[int, list[int]] = {}
-    while True:
-        harvest(rows, eos, out)
-        if rows.size == 0:
-            break
+
+    def step(rows: SpecRows, tally: Tally, eos: torch.Tensor, kept) -> None:
         step_cdsl(ctx, prompts, rows, tally, d, k, a_t, r_t, b, validation, eos, decide)
+
+    out, tally = decode_rows(ctx, prompts, ctx.draft, step)
     results = finish(ctx, prompts, out, tally)
     for g, res in enumerate(results):
         res.stats["state_counts"] = tally.states[g].tolist()
@@ -310,19 +301,15 @@ def run_cdsl(ctx: Context, prompts: list[PromptInput], d: int, k: int, a_t: floa
 def run_cdlh(ctx: Context, prompts: list[PromptInput], d: int, k: int, approx: bool) -> list[MethodResult]:
     if approx and ctx.draft is None:
         raise ValueError("models.draft: required by method 'cdlh_appx'")
-    eos = _eos(ctx)
-    tally = Tally(len(prompts))
-    rows = open_rows(ctx.target, ctx.draft if approx else None, [p.ids for p in prompts], [p.key for p in prompts],
-                     [p.limit for p in prompts], ctx.pad_id, ctx.meter, tally)
-    out: dict[int, list[int]] = {}
-    s_logits = None
-    while True:
-        keep = harvest(rows, eos, out)
-        if rows.size == 0:
-            break
-        if keep is not None and s_logits is not None:
-            s_logits = s_logits[keep]
+    s_logits = None  # the target's next-token logits carried between steps, one row per open row
+
+    def step(rows: SpecRows, tally: Tally, eos: torch.Tensor, kept) -> None:
+        nonlocal s_logits
+        if kept is not None and s_logits is not None:
+            s_logits = s_logits[kept]
         s_logits = step_cdlh(ctx, prompts, rows, tally, k, d, approx, eos, s_logits)
+
+    out, tally = decode_rows(ctx, prompts, ctx.draft if approx else None, step)
     return finish(ctx, prompts, out, tally, speculative=False)
 
 

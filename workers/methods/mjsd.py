@@ -28,10 +28,10 @@ import torch
 
 from workers.cost import Meter
 from workers.methods.common import Context, MethodResult, PromptInput
-from workers.methods.speculative import finish, harvest
+from workers.methods.speculative import decode_rows, finish
 from workers.sampling import STREAM_TOKEN, Warp, sample, uniforms, warp_probs
 from workers.speculative import (
-    STREAM_BEAM, Side, SpecRows, Tally, commit_block, open_rows, ragged_cat, room,
+    STREAM_BEAM, Side, SpecRows, Tally, commit_block, ragged_cat, room,
 )
 
 
@@ -174,16 +174,11 @@ def step_mjsd(
 def run_mjsd(ctx: Context, prompts: list[PromptInput], gamma: int, num_beams: int, tau: float) -> list[MethodResult]:
     if ctx.draft is None:
         raise ValueError("models.draft: required by method 'mjsd'")
-    eos = torch.tensor(sorted(set(ctx.eos_ids)), dtype=torch.long, device=next(ctx.target.parameters()).device)
-    tally = Tally(len(prompts))
-    rows = open_rows(ctx.target, ctx.draft, [p.ids for p in prompts], [p.key for p in prompts],
-                     [p.limit for p in prompts], ctx.pad_id, ctx.meter, tally)
-    out: dict[int, list[int]] = {}
-    while True:
-        harvest(rows, eos, out)
-        if rows.size == 0:
-            break
+
+    def step(rows: SpecRows, tally: Tally, eos: torch.Tensor, kept) -> None:
         step_mjsd(ctx.target, ctx.draft, rows, gamma, num_beams, tau, ctx.warp, ctx.seed, eos, ctx.meter, tally)
+
+    out, tally = decode_rows(ctx, prompts, ctx.draft, step)
     return finish(ctx, prompts, out, tally)
 
 

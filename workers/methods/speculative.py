@@ -7,11 +7,13 @@ distribution (its greedy decoding at temperature 0) with fewer target calls.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from workers.methods.common import Candidate, Context, MethodResult, PromptInput
 from workers.methods.rejection import NoDecisions, run_pool
-from workers.speculative import SpecRows, Tally
+from workers.speculative import SpecRows, Tally, open_rows
 
 
 def speculative_decoding(ctx: Context, prompts: list[PromptInput]) -> list[MethodResult]:
@@ -21,6 +23,26 @@ def speculative_decoding(ctx: Context, prompts: list[PromptInput]) -> list[Metho
     for r in results:
         r.best_index = 0
     return results
+
+
+def eos_tensor(ctx: Context) -> torch.Tensor:
+    return torch.tensor(sorted(set(ctx.eos_ids)), dtype=torch.long, device=next(ctx.target.parameters()).device)
+
+
+def decode_rows(ctx: Context, prompts: list[PromptInput], draft, step: Callable) -> tuple[dict[int, list[int]], Tally]:
+    """One response per prompt: open rows on the target (and `draft`, when given), then call
+    `step(rows, tally, eos, kept)` until every row has finished. `kept` holds the indices of the rows the last
+    harvest kept (None when none finished), for state a method keeps outside `rows`."""
+    eos = eos_tensor(ctx)
+    tally = Tally(len(prompts))
+    rows = open_rows(ctx.target, draft, [p.ids for p in prompts], [p.key for p in prompts],
+                     [p.limit for p in prompts], ctx.pad_id, ctx.meter, tally)
+    out: dict[int, list[int]] = {}
+    while True:
+        kept = harvest(rows, eos, out)
+        if rows.size == 0:
+            return out, tally
+        step(rows, tally, eos, kept)
 
 
 def harvest(rows: SpecRows, eos: torch.Tensor, out: dict[int, list[int]]) -> torch.Tensor | None:
