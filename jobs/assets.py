@@ -5,17 +5,16 @@ from __future__ import annotations
 import argparse
 import sys
 
-from jobs.errors import EXIT_BAD_INPUT, EXIT_OK
+from jobs.errors import EXIT_OK, parse_args
 
 PROG = "winnow assets"
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog=PROG, description="List the bundled assets (usable as builtin:NAME).")
-    try:
-        p.parse_args(sys.argv[1:] if argv is None else argv)
-    except SystemExit as exit_:  # --help exits 0, a bad argument 2
-        return EXIT_OK if exit_.code == 0 else EXIT_BAD_INPUT
+    status = parse_args(p, argv)
+    if isinstance(status, int):
+        return status
     import assets
 
     for name, path in assets.list_builtins().items():

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from jobs.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_RUNTIME, InputError
+from jobs.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_RUNTIME, InputError, parse_args
 from jobs.run_folders import check_out, load_runs
 from jobs.sft import DROP_REASONS, Selection, parse_select, select
 from jobs.sft_output import write_sft
@@ -34,11 +34,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    try:
-        args = _parser().parse_args(argv)
-    except SystemExit as exc:  # argparse: --help is 0, bad arguments are 2
-        return int(exc.code or 0)
+    argv = sys.argv[1:] if argv is None else list(argv)  # recorded in the dataset card
+    args = parse_args(_parser(), argv)
+    if isinstance(args, int):
+        return args
     problems: list[str] = []
     try:
         k = parse_select(args.select)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from jobs.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_RUNTIME, InputError
+from jobs.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_RUNTIME, InputError, parse_args
 from jobs.report_render import headline, order_runs, write_report
 from jobs.run_folders import check_out, folder_key, load_run, load_runs
 
@@ -32,11 +32,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    try:
-        args = _parser().parse_args(argv)
-    except SystemExit as exc:  # argparse: --help is 0, bad arguments are 2
-        return int(exc.code or 0)
+    args = parse_args(_parser(), argv)
+    if isinstance(args, int):
+        return args
     problems: list[str] = []
     try:
         check_out(args.out, args.overwrite)
