@@ -14,7 +14,7 @@ Training:
 1. target: next-token cross-entropy on response tokens of world examples (prompt rendered with the chat template);
 2. draft: distilled from the target (KL(target || draft) on the same sequences), so its greedy choices agree;
 3. reward: regression on (prompt, text) rendered with the reward chat template, where text is a whole response,
-   a prefix of one, or a disfluent corruption; label = workers.lexical.concept_coverage(text) minus
+   a prefix of one, or a disfluent corruption; label = lexical.concept_coverage(text) minus
    DISFLUENCY_PENALTY for corrupted text. Prefixes are labelled with their own coverage, so partial rewards mean
    "concepts covered so far".
 """
@@ -38,7 +38,7 @@ import transformers
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassification
 
 from assets import ASSETS_DIR, tokenization, world
-from workers.lexical import concept_coverage, covered
+from lexical import concept_coverage, covered
 
 SEED = 1234
 DEMO_SEED = 7

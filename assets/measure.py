@@ -5,7 +5,7 @@ Plain torch/transformers code, independent of the project's engine:
 - 64 samples per demo prompt at temperature 1 from the target: the reward of the first half of each response
   (in target tokens) against the reward of the whole response (Pearson and Kendall per prompt, averaged);
 - Best-of-16 against a single sample (reward and lexical coverage);
-- lexical coverage (workers.lexical) of greedy and sampled responses; reward against lexical coverage;
+- lexical coverage (lexical) of greedy and sampled responses; reward against lexical coverage;
 - parameters, bytes on disk, forward throughput of target and draft.
 """
 
@@ -24,7 +24,7 @@ from scipy import stats
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
 from assets import ASSETS_DIR, BUILTINS
-from workers.lexical import concept_coverage
+from lexical import concept_coverage
 
 GAMMA = 4
 N_SAMPLES = 64

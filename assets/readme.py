@@ -67,7 +67,7 @@ Rejection, CDSL, MJSD), not language models: they know about {len(lm_vocab)} wor
 A task is CommonGen's (paper 000, section 4.1): "Write a sentence using these concepts: c1, c2, c3." with 3-5
 concept lemmas drawn from {len(__import__('assets.world', fromlist=['x']).ROLE_OF)} nouns, places and verbs. A
 response is 1-3 sentences from a small grammar (subject, verb, object, place, adjectives, adverbs, filler sentences
-like "It is a sunny day."), about 6-50 words. Inflections are regular and are exactly those `workers.lexical`
+like "It is a sunny day."), about 6-50 words. Inflections are regular and are exactly those `lexical`
 accepts (dog -> dogs, kick -> kicks/kicking/kicked, dance -> dancing, carry -> carries/carried); no word of the world
 counts as a concept it does not come from (`world.check_world()`).
 
@@ -75,7 +75,7 @@ Coverage is imperfect on purpose. Each training response draws a latent diligenc
 concept with probability q, otherwise it uses a random substitute of the same class; kept concepts are placed
 first. So sampled responses vary in coverage (Best-of-N has something to choose from), and the first part of a
 response shows how the rest will go (partial rewards predict final rewards, which Speculative Rejection relies
-on). The reward is trained to approximate `workers.lexical.concept_coverage` minus {meta['disfluency_penalty']}
+on). The reward is trained to approximate `lexical.concept_coverage` minus {meta['disfluency_penalty']}
 for disfluent text, so it lies in about [-0.5, 1].
 
 Demo prompts (`demo-prompts/prompts.jsonl`) are JSON lines with `id` (string), `prompt` (string) and `concepts`

@@ -9,7 +9,7 @@ placed first, so the first clause already shows how diligent the response is. Th
 of coverage (Best-of-N has something to pick) and makes the coverage of a prefix predict the coverage of the whole
 response (what Speculative Rejection relies on).
 
-Every inflected form used is one that `workers.lexical` accepts (+s, +es, +ed, +ing, +d, e-dropping, y -> ies/ied),
+Every inflected form used is one that `lexical` accepts (+s, +es, +ed, +ing, +d, e-dropping, y -> ies/ied),
 and no word of the world is an inflection of a concept it does not come from; `check_world()` asserts both.
 """
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import random
 
-from workers.lexical import concept_coverage, inflections
+from lexical import concept_coverage, inflections
 
 # ---------------------------------------------------------------------------------------------------------------
 # Vocabulary. All plurals and verb forms are regular (no consonant doubling, no irregular pasts or plurals).
@@ -71,7 +71,7 @@ ROLE_OF = {w: role for role, words in WORDS_BY_ROLE.items() for w in words}
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Regular English morphology (restricted to what workers.lexical accepts)
+# Regular English morphology (restricted to what lexical accepts)
 def _sibilant(w: str) -> bool:
     return w.endswith(("s", "sh", "ch", "x", "z"))
 
@@ -161,7 +161,7 @@ class Example:
     response: str
     q: float  # latent diligence
     included: list[bool]  # per concept
-    coverage: float  # workers.lexical.concept_coverage(response, concepts)
+    coverage: float  # lexical.concept_coverage(response, concepts)
 
 
 def concept_key(concepts: list[str]) -> str:

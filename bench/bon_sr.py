@@ -36,7 +36,7 @@ import torch
 
 from assets import demo_rows
 from bench.common import table
-from jobs.reporting import improvement_score
+from reporting.stats import improvement_score
 from schemas.config import validate_config
 from workers.cost import Meter
 from workers.engine import kv_bytes_per_token, left_pad

@@ -1,6 +1,6 @@
 """`winnow build-sft RUN_DIR... --out DIR`: an Expert-Iteration SFT dataset from generation runs.
 
-The logic is in `jobs.sft` (selection) and `jobs.sft_output` (files); this module parses arguments and reports.
+The logic is in `sftdata.select` (selection) and `sftdata.write` (files); this module parses arguments and reports.
 """
 
 from __future__ import annotations
@@ -8,10 +8,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from jobs.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_RUNTIME, InputError, parse_args
-from jobs.run_folders import check_out, load_runs
-from jobs.sft import DROP_REASONS, Selection, parse_select, select
-from jobs.sft_output import write_sft
+from jobs.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_RUNTIME, parse_args
+from schemas.base import InputError
+from runfolder.outputs import check_out
+from runfolder.runs import load_runs
+from sftdata.select import DROP_REASONS, Selection, parse_select, select
+from sftdata.write import write_sft
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from jobs.errors import EXIT_BAD_INPUT, InputError
+from jobs.errors import EXIT_BAD_INPUT
+from schemas.base import InputError
 from schemas.base import ConfigError
 from schemas.config import JobConfig, load_config
 

@@ -1,4 +1,4 @@
-"""Exit statuses of every `winnow` command (SPEC.md): 0 success, 2 bad input, 1 failure at run time."""
+"""Exit statuses of every `winnow` command (SPEC.md): 0 success, 2 bad input, 1 failure at run time, 130 interrupted."""
 
 from __future__ import annotations
 
@@ -8,17 +8,7 @@ import sys
 EXIT_OK = 0
 EXIT_RUNTIME = 1
 EXIT_BAD_INPUT = 2
-
-
-class InputError(Exception):
-    """Bad config, arguments or input files. The message names each offending field or path; nothing was written.
-
-    `problems` holds one line per problem so that every problem can be reported at once.
-    """
-
-    def __init__(self, problems: list[str] | str):
-        self.problems = [problems] if isinstance(problems, str) else list(problems)
-        super().__init__("\n".join(self.problems))
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
 
 
 def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace | int:

@@ -1,8 +1,8 @@
 """`winnow report RUN_DIR... --out DIR [--baseline RUN_DIR]`: which run gave the most reward per dollar.
 
 Writes report.md (winner first, tables, plots), report.json (every number) and PNG plots. The metrics and their
-definitions (improvement score, relative compute, reward gained per USD) are in `jobs.reporting`; the files are
-assembled in `jobs.report_render`. Without --baseline the first RUN_DIR is the baseline.
+definitions (improvement score, relative compute, reward gained per USD) are in `reporting.stats`; the files are
+assembled in `reporting.render`. Without --baseline the first RUN_DIR is the baseline.
 """
 
 from __future__ import annotations
@@ -10,9 +10,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from jobs.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_RUNTIME, InputError, parse_args
-from jobs.report_render import headline, order_runs, write_report
-from jobs.run_folders import check_out, folder_key, load_run, load_runs
+from jobs.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_RUNTIME, parse_args
+from schemas.base import InputError
+from reporting.render import headline, order_runs, write_report
+from runfolder.outputs import check_out
+from runfolder.runs import folder_key, load_run, load_runs
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -1,6 +1,6 @@
 """`winnow validate CONFIG [--set a.b=v]...`: print the resolved config as YAML, or every problem at once (exit 2).
 
-Besides the schema, it checks that the model folders exist (`jobs.preflight`), unless `--schema-only` (for a
+Besides the schema, it checks that the model folders exist (`pipeline.preflight`), unless `--schema-only` (for a
 config whose paths exist only on the cluster). Reading the data needs Ray and is left to `winnow generate`.
 """
 
@@ -11,8 +11,9 @@ import sys
 import yaml
 
 from jobs import config_args
-from jobs.errors import EXIT_OK, InputError
-from jobs.preflight import model_problems
+from jobs.errors import EXIT_OK
+from schemas.base import InputError
+from pipeline.preflight import model_problems
 from schemas.base import ConfigError
 
 PROG = "winnow validate"

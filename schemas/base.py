@@ -63,3 +63,14 @@ def describe_validation_error(err: ValidationError) -> list[str]:
             msg = f"{msg} (got {got!r})"
         out.append(f"{loc}: {msg}")
     return out
+
+
+class InputError(Exception):
+    """Bad config, arguments or input files. The message names each offending field or path; nothing was written.
+
+    `problems` holds one line per problem so that every problem can be reported at once.
+    """
+
+    def __init__(self, problems: list[str] | str):
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        super().__init__("\n".join(self.problems))

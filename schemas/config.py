@@ -12,7 +12,7 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from schemas.base import ConfigError, Strict, describe_validation_error, register_union_tags
-from schemas.methods import DRAFT_METHODS, METHOD_NAMES, REWARD_METHODS, Method
+from schemas.methods import DRAFT_METHODS, METHOD_NAMES, POOL_METHODS, REWARD_METHODS, Method
 
 
 class DataConfig(Strict):
@@ -137,25 +137,23 @@ class JobConfig(Strict):
         m = self.method.name
         if m in REWARD_METHODS and self.models.reward is None:
             problems.append(f"models.reward: required by method {m!r}, which ranks candidates by reward")
-        needs_draft = m in DRAFT_METHODS or (
-            m in ("best_of_n", "speculative_rejection") and self.generation.sampler == "speculative"
-        )
-        if needs_draft and not self.models.draft:
-            why = f"method {m!r}" if m in DRAFT_METHODS else "generation.sampler 'speculative'"
+        why = self.draft_needed_by
+        if why and not self.models.draft:
             problems.append(f"models.draft: required by {why}")
-        if (
-            m == "speculative_rejection"
-            and self.method.schedule == "memory"
-            and self.method.memory_budget_mb is None
-            and self.resources.gpus_per_worker == 0
-        ):
-            problems.append(
-                "method.memory_budget_mb: required on CPU (resources.gpus_per_worker is 0) when schedule is "
-                "'memory'; set a KV budget in MiB, or use schedule: fixed"
-            )
         if problems:
             raise ValueError(_CROSS_MARK + "\n".join(problems))
         return self
+
+    @property
+    def draft_needed_by(self) -> str | None:
+        """What needs a draft model beside the target (the method, or the speculative sampler of a candidate pool),
+        or None. The one rule: validation requires `models.draft` by it and the workers load the draft by it."""
+        m = self.method.name
+        if m in DRAFT_METHODS:
+            return f"method {m!r}"
+        if m in POOL_METHODS and self.generation.sampler == "speculative":
+            return "generation.sampler 'speculative'"
+        return None
 
     def hash(self) -> str:
         """Stable hash of the resolved config: what makes two runs the same run."""

@@ -15,7 +15,10 @@ from schemas.base import Strict
 
 # Methods that rank candidates by a reward, so they cannot run without one.
 REWARD_METHODS = frozenset({"best_of_n", "speculative_rejection", "cdlh", "cdlh_appx", "cdsl"})
-# Methods that need a draft model beside the target.
+# Methods that decode a pool of candidates per prompt, with the sampler of `generation.sampler`.
+POOL_METHODS = frozenset({"best_of_n", "speculative_rejection"})
+# Methods that need a draft model beside the target (a pool method also needs one with the speculative sampler:
+# `schemas.config.JobConfig.draft_needed_by` is the rule).
 DRAFT_METHODS = frozenset({"speculative_decoding", "mjsd", "cdlh_appx", "cdsl"})
 
 

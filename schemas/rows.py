@@ -10,6 +10,19 @@ import pyarrow as pa
 
 MESSAGE = pa.struct([("role", pa.string()), ("content", pa.string())])
 
+
+def prompt_problem(messages) -> str | None:
+    """Why a prompt (a list of chat messages) cannot run, or None: the one rule, applied when the driver normalises
+    the source (`pipeline.prompts`) and again by the workers on what they are handed (`workers.runner`)."""
+    if not isinstance(messages, (list, tuple)) or not messages:
+        return "empty prompt: no messages"
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            return f"prompt message {i} is not a {{role, content}} pair of strings"
+    if not any(m["content"].strip() for m in messages):
+        return "empty prompt: every message is blank"
+    return None
+
 CANDIDATE = pa.struct(
     [
         ("text", pa.string()),

@@ -20,7 +20,7 @@ from transformers import (  # noqa: E402
     AutoTokenizer,
 )
 
-from workers.lexical import concept_coverage  # noqa: E402
+from lexical import concept_coverage  # noqa: E402
 
 MAX_BYTES = 16 * 1024 * 1024
 PROMPT = "Write a sentence using these concepts: dog, kick, ball."

@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from conftest_runs import cand, err_row, row, s3_endpoint, write_run  # noqa: F401 (s3_endpoint: fixture)
-from jobs import cli, sft_output
+from jobs import cli
+from sftdata import write as sft_output
 from jobs.build_sft import main
 from schemas.rows import rows_to_table
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from jobs.config_doc import render, section_of
-from jobs.preflight import model_problems
-from jobs.sources import resolve_source
+from schemas.reference import render, section_of
+from pipeline.preflight import model_problems
+from pipeline.prompts import resolve_source
 from schemas.config import load_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,7 +36,7 @@ def test_quickstart_and_best_of_n_compare_like_with_like():
 
 def test_readme_config_reference_is_generated_from_the_schema():
     readme = (ROOT / "README.md").read_text()
-    assert section_of(readme) == render(), "regenerate it: python -m jobs.config_doc --write README.md"
+    assert section_of(readme) == render(), "regenerate it: python -m schemas.reference --write README.md"
 
 
 def test_cluster_yaml_passes_the_ray_cluster_launcher_schema():

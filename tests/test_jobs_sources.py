@@ -9,8 +9,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import job_config, write_jsonl
-from jobs.errors import InputError
-from jobs.sources import (
+from schemas.base import InputError
+from pipeline.prompts import (
     INPUT_SCHEMA,
     assign_unique_ids,
     column_problems,
@@ -45,10 +45,10 @@ def test_chat_messages_are_kept_and_extra_fields_dropped():
 
 @pytest.mark.parametrize("value, why", [
     (None, "prompt is null"),
-    ("", "empty prompt"),
-    ("  \n ", "empty prompt"),
-    ([], "empty prompt"),
-    ([{"role": "user", "content": " "}], "empty prompt"),
+    ("", "empty prompt: every message is blank"),
+    ("  \n ", "empty prompt: every message is blank"),
+    ([], "empty prompt: no messages"),
+    ([{"role": "user", "content": " "}], "empty prompt: every message is blank"),
     ([{"role": "user"}], "prompt message 0 is not a {role, content} pair of strings"),
     (42, "prompt is a int; expected a string or a list of {role, content} messages"),
 ])

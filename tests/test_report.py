@@ -14,8 +14,8 @@ from PIL import Image
 
 from conftest_runs import cand, err_row, row, s3_endpoint, synthetic_runs, write_run  # noqa: F401 (fixture)
 from jobs.report import main
-from jobs.reporting import compare, correlations, improvement_score, run_summary
-from jobs.run_folders import load_run
+from reporting.stats import compare, correlations, improvement_score, run_summary
+from runfolder.runs import load_run
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

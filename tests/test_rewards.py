@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from workers.cost import Meter
-from workers.lexical import concept_coverage, covered
+from lexical import concept_coverage, covered
 from workers.rewards import LexicalReward, PythonReward, Scored, token_budget_batches
 
 

@@ -7,6 +7,7 @@ import copy
 import torch
 
 import assets
+from pipeline.preflight import resolved
 from schemas.config import JobConfig, validate_config
 from workers.cost import Meter
 from workers.runner import Runner
@@ -38,7 +39,8 @@ def merge(base: dict, over: dict) -> dict:
 
 
 def config(**over) -> JobConfig:
-    return validate_config(merge(BASE, over))
+    """A validated config with its builtin: names resolved, as the driver hands it to the workers."""
+    return resolved(validate_config(merge(BASE, over)))
 
 
 def demo_rows(limit: int | None = None) -> list[dict]:

@@ -1,4 +1,4 @@
-"""Loading the draft/target/reward trio from local folders, s3:// prefixes and builtin:NAME assets."""
+"""Loading the draft/target/reward trio from local folders and s3:// prefixes (copied to a local cache once)."""
 
 from __future__ import annotations
 
@@ -10,39 +10,24 @@ from pathlib import Path
 
 import torch
 
-BUILTIN_PREFIX = "builtin:"
+from workers.checkpoints import model_folder_problem
 
 
 class ModelPathError(ValueError):
     """A model path that does not resolve to a Hugging Face folder; the message names the field and path."""
 
 
-def resolve_path(spec: str, field: str) -> Path:
-    """A model or data location as a local path: builtin:NAME -> the bundled folder, s3:// -> a local copy.
-
-    `field` names the config field (e.g. "models.target") for error messages.
-    """
-    if spec.startswith(BUILTIN_PREFIX):
-        import assets
-
-        name = spec[len(BUILTIN_PREFIX):]
-        try:
-            return assets.builtin_path(name)
-        except KeyError as err:
-            raise ModelPathError(f"{field}: {err.args[0] if err.args else err}") from None
-    if spec.startswith("s3://"):
-        return _fetch_s3(spec, field)
-    path = Path(spec).expanduser()
-    if not path.exists():
-        raise ModelPathError(f"{field}: {spec} does not exist")
-    return path
-
-
-def check_model_folder(spec: str, field: str) -> Path:
-    """Resolve and check that the folder holds a Hugging Face config.json (without loading weights)."""
-    path = resolve_path(spec, field)
-    if not (path / "config.json").is_file():
-        raise ModelPathError(f"{field}: {spec} is not a Hugging Face model folder (no config.json in {path})")
+def local_model_folder(location: str, field: str) -> Path:
+    """A checked model folder on this machine: a local path as given, an s3:// (or other fsspec) prefix copied to a
+    local cache first. `field` names the config field (e.g. "models.target") in error messages. `builtin:` names
+    are resolved by the driver before a config reaches the workers (`pipeline.preflight.resolved`)."""
+    if "://" in location and not location.startswith("file://"):
+        path = _fetch_s3(location, field)
+    else:
+        path = Path(location.removeprefix("file://")).expanduser()
+    problem = model_folder_problem(str(path), field, shown=location)
+    if problem:
+        raise ModelPathError(problem)
     return path
 
 
@@ -104,7 +89,7 @@ class Loaded:
 def load_causal_lm(spec: str, field: str, device: torch.device, dtype_setting: str, trust_remote_code: bool) -> Loaded:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = check_model_folder(spec, field)
+    path = local_model_folder(spec, field)
     dtype = pick_dtype(dtype_setting, device, _checkpoint_dtype(path))
     with _remote_code_guard(field, trust_remote_code):
         tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
@@ -116,7 +101,7 @@ def load_causal_lm(spec: str, field: str, device: torch.device, dtype_setting: s
 def load_reward_model(spec: str, field: str, device: torch.device, dtype_setting: str, trust_remote_code: bool) -> Loaded:
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    path = check_model_folder(spec, field)
+    path = local_model_folder(spec, field)
     dtype = pick_dtype(dtype_setting, device, _checkpoint_dtype(path))
     with _remote_code_guard(field, trust_remote_code):
         tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)

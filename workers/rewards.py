@@ -21,7 +21,7 @@ import torch
 from transformers import DynamicCache
 
 from workers.cost import Meter
-from workers.lexical import concept_coverage
+from lexical import concept_coverage
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,7 @@ import time
 import torch
 
 from schemas.config import JobConfig
-from schemas.methods import DRAFT_METHODS
-from schemas.rows import error_row
+from schemas.rows import error_row, prompt_problem
 from workers.cost import Meter
 from workers.loading import load_causal_lm, load_reward_model, pick_device
 from workers.methods import get_method
@@ -44,18 +43,6 @@ def context_length(model) -> int:
     return int(getattr(cfg, "max_position_embeddings", None) or 1 << 30)
 
 
-def prompt_problem(messages) -> str | None:
-    """Why a prompt cannot run, or None."""
-    if not isinstance(messages, list) or not messages:
-        return "empty prompt: no messages"
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-            return f"prompt message {i} is not a {{role, content}} pair of strings"
-    if not any(m["content"].strip() for m in messages):
-        return "empty prompt: every message is blank"
-    return None
-
-
 class Runner:
     def __init__(self, config: JobConfig):
         self.config = config
@@ -64,8 +51,7 @@ class Runner:
         target = load_causal_lm(m.target, "models.target", self.device, m.dtype, m.trust_remote_code)
         self.target, self.tokenizer = target.model, target.tokenizer
         self.draft = None
-        needs_draft = config.method.name in DRAFT_METHODS or config.generation.sampler == "speculative"
-        if needs_draft:
+        if config.draft_needed_by:
             draft = load_causal_lm(m.draft, "models.draft", self.device, m.dtype, m.trust_remote_code)
             self.draft = draft.model
         self.eos_ids = eos_token_ids(self.target, self.tokenizer)

@@ -15,7 +15,7 @@ import math
 import torch
 
 from workers.engine import left_pad, position_ids
-from workers.lexical import covered
+from lexical import covered
 from workers.methods.common import Context, MethodResult, PromptInput
 
 

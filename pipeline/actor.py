@@ -1,6 +1,6 @@
 """The Ray Data UDF that each actor of the pool runs: it loads the trio once and turns prompts into output rows.
 
-One input row (`jobs.sources.INPUT_SCHEMA`) gives exactly one output row (`schemas.rows.ROW_SCHEMA`), in order.
+One input row (`pipeline.prompts.INPUT_SCHEMA`) gives exactly one output row (`schemas.rows.ROW_SCHEMA`), in order.
 A row whose `input_error` is set becomes an error row without reaching the engine; the others go to
 `workers.runner.Runner.run`, which marks prompts it cannot run (longer than the context) as error rows and raises
 when the engine itself fails, so the batch, and with it the job, fails loudly.

@@ -17,8 +17,9 @@ import datasets
 import numpy as np
 import pyarrow.parquet as pq
 
-from jobs.run_folders import Run, reward_mismatch, staged_out, unique_labels, write_bytes
-from jobs.sft import DROP_REASONS, Selection, SftResult
+from runfolder.outputs import staged_out, write_bytes
+from runfolder.runs import Run, reward_mismatch, unique_labels
+from sftdata.select import DROP_REASONS, Selection, SftResult
 
 PARQUET_PATH = "data/train-00000-of-00001.parquet"
 HF_DIR = "hf"

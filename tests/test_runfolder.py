@@ -1,4 +1,4 @@
-"""The run folder: who may write into it, what counts as written, the manifest (jobs/rundir.py)."""
+"""The run folder: who may write into it, what counts as written, the manifest (runfolder/)."""
 
 from __future__ import annotations
 
@@ -8,17 +8,16 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from conftest import job_config
-from jobs.rundir import (
+from runfolder.folder import (
     RunFolder,
     changed_keys,
     claim_problems,
     committed_files,
     exactly_once_problems,
-    finish_manifest,
-    new_manifest,
     pending_checkpoints,
     tally,
 )
+from runfolder.manifest import finish_manifest, new_manifest
 from schemas.config import validate_config
 from schemas.manifest import Manifest
 from schemas.rows import empty_cost, error_row, rows_to_table

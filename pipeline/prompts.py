@@ -12,7 +12,7 @@ Every row of the source becomes exactly one normalised row (`INPUT_SCHEMA`), in 
 - ``source_row`` (int64): the row's position in the source (after ``data.limit``), for messages.
 
 Problems with the source itself (absent, unreadable, a column that does not exist or has the wrong type) raise
-`jobs.errors.InputError` naming the field and the path, before anything is written.
+`schemas.base.InputError` naming the field and the path, before anything is written.
 """
 
 from __future__ import annotations
@@ -20,18 +20,18 @@ from __future__ import annotations
 import hashlib
 import json
 import posixpath
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import fsspec
 import pyarrow as pa
 
-from jobs.errors import InputError
+import assets
+from pipeline.raydata import data_context, short_error
+from schemas.base import InputError
 from schemas.config import DataConfig, JobConfig
-from schemas.rows import MESSAGE
+from schemas.rows import MESSAGE, prompt_problem
 
-BUILTIN = "builtin:"
 # file extension -> Ray Data reader
 FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 
@@ -67,14 +67,10 @@ def _protocols(fs) -> tuple:
 
 def _location(spec: str) -> str:
     """builtin:NAME -> the bundled folder; anything else as given (a local path or a URL)."""
-    if spec.startswith(BUILTIN):
-        import assets
-
-        try:
-            return str(assets.builtin_path(spec[len(BUILTIN):]))
-        except KeyError as err:
-            raise InputError(f"data.source: {err.args[0]}") from None
-    return spec
+    try:
+        return assets.resolve(spec)
+    except KeyError as err:
+        raise InputError(f"data.source: {err.args[0]}") from None
 
 
 def _with_protocol(fs, path: str) -> str:
@@ -205,22 +201,17 @@ def prompt_hash(messages: list[dict]) -> str:
 
 
 def normalise_prompt(value) -> tuple[list[dict], str | None]:
-    """A prompt value as chat messages, and why it cannot run (or None)."""
+    """A prompt value as chat messages (a plain string becomes one user turn), and why it cannot run (or None)."""
     if value is None:
         return [], "prompt is null"
     if isinstance(value, str):
-        messages = [{"role": "user", "content": value}]
-    elif isinstance(value, (list, tuple)):
-        messages = []
-        for i, m in enumerate(value):
-            if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-                return [], f"prompt message {i} is not a {{role, content}} pair of strings"
-            messages.append({"role": m["role"], "content": m["content"]})
-    else:
+        value = [{"role": "user", "content": value}]
+    elif not isinstance(value, (list, tuple)):
         return [], f"prompt is a {type(value).__name__}; expected a string or a list of {{role, content}} messages"
-    if not any(m["content"].strip() for m in messages):
-        return messages, "empty prompt"
-    return messages, None
+    problem = prompt_problem(value)
+    if problem is not None and not problem.startswith("empty prompt"):
+        return [], problem
+    return [{"role": m["role"], "content": m["content"]} for m in value], problem
 
 
 def normalise_row(row: dict, data: DataConfig, concepts_column: str | None) -> dict:
@@ -298,8 +289,6 @@ def load_prompts(config: JobConfig) -> pa.Table:
     reward = config.models.reward
     concepts_column = reward.concepts_column if reward is not None and reward.kind == "lexical" else None
 
-    from jobs.raydata import data_context
-
     # preserve_order: "the first N rows" and "the first occurrence" follow the source's order.
     with data_context(preserve_order=True):
         ds = read_source(source)
@@ -331,24 +320,3 @@ def load_prompts(config: JobConfig) -> pa.Table:
     if table.num_rows == 0:
         raise InputError(f"data.source: {source.spec}: holds no rows")
     return assign_unique_ids(table)
-
-
-_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*([A-Z]\w*): (.+)$")
-
-
-def short_error(err: BaseException) -> str:
-    """`Type: message` of the root cause of an exception, on one line.
-
-    Ray re-raises a remote failure with the remote traceback in its text (the user's exception first, then Ray's
-    wrappers such as ``ray.exceptions.UserCodeException``); the first ``Type: message`` line that is not Ray's own
-    names what went wrong.
-    """
-    for line in str(err).splitlines():
-        m = _EXCEPTION_LINE.match(line)
-        if m and not line.startswith("ray."):
-            return f"{m.group(1)}: {m.group(2).strip()}"
-    cause = err
-    while cause.__cause__ is not None:
-        cause = cause.__cause__
-    lines = [t.strip() for t in str(cause).splitlines() if t.strip()]
-    return f"{type(cause).__name__}: {lines[0]}" if lines else type(cause).__name__

@@ -1,6 +1,6 @@
 """The job config reference, rendered as Markdown from the pydantic models' fields and descriptions.
 
-`python -m jobs.config_doc` prints it; `python -m jobs.config_doc --write README.md` replaces the text between the
+`python -m schemas.reference` prints it; `python -m schemas.reference --write README.md` replaces the text between the
 README's ``<!-- config-reference:start -->`` and ``<!-- config-reference:end -->`` markers (a test checks that the
 README holds exactly what this renders, so the reference cannot drift from the schema).
 """
@@ -90,7 +90,7 @@ def table(model: type[BaseModel], prefix: str, skip: tuple[str, ...] = ()) -> li
 def render() -> str:
     out = [
         "Every key, its type, default and rule, generated from the pydantic models in `schemas/` by "
-        "`python -m jobs.config_doc`. Unknown keys are refused; `winnow validate CONFIG` lists every problem at once.",
+        "`python -m schemas.reference`. Unknown keys are refused; `winnow validate CONFIG` lists every problem at once.",
         "",
         "### Top level",
         "",
@@ -133,7 +133,7 @@ def replace_section(readme: str, text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m jobs.config_doc", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m schemas.reference", description=__doc__.splitlines()[0])
     p.add_argument("--write", metavar="README", help="replace the reference section of this file")
     args = p.parse_args(argv)
     text = render()

@@ -3,7 +3,7 @@
 Layout (local folder or any fsspec URL, e.g. s3://bucket/prefix):
 
 - ``manifest.json``: `schemas.manifest.Manifest`; written first (status ``running``) and rewritten at the end.
-- ``prompts.parquet``: the normalised prompt set (`jobs.sources.INPUT_SCHEMA`), written once by the first run; a
+- ``prompts.parquet``: the normalised prompt set (`pipeline.prompts.INPUT_SCHEMA`), written once by the first run; a
   resumed run reads it instead of the source, so every run of a folder works on the same prompts.
 - ``candidates/*.parquet``: output rows (`schemas.rows.ROW_SCHEMA`), written by Ray Data as prompts finish.
 - ``_checkpoint/``: Ray Data's checkpoint of written prompt_ids (two-phase: ``*.pending.parquet`` before a data
@@ -13,16 +13,12 @@ Layout (local folder or any fsspec URL, e.g. s3://bucket/prefix):
 
 from __future__ import annotations
 
-import datetime as dt
 import io
 import json
 import os
 import posixpath
-import subprocess
 import uuid
 from dataclasses import dataclass, field
-from importlib import metadata
-from pathlib import Path
 
 import fsspec
 import pyarrow as pa
@@ -30,17 +26,12 @@ import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 from pydantic import ValidationError
 
-from jobs.errors import InputError
+from schemas.base import InputError
 from schemas.config import JobConfig
 from schemas.manifest import CostTotals, Manifest
 from schemas.rows import COST_FIELDS
 
 PENDING = ".pending.parquet"
-PACKAGES = ("torch", "transformers", "tokenizers", "ray", "pyarrow", "datasets", "pydantic", "numpy")
-
-
-def now() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class RunFolder:
@@ -271,69 +262,3 @@ def exactly_once_problems(expected: list[str], written: list[str]) -> list[str]:
     if unknown:
         problems.append(f"{len(unknown)} row(s) for prompt_ids not in prompts.parquet, e.g. {unknown[:3]}")
     return problems
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Manifest
-
-
-def package_versions() -> dict[str, str]:
-    out = {}
-    for name in PACKAGES:
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    return out
-
-
-def winnow_version() -> str:
-    try:
-        return metadata.version("winnow")
-    except metadata.PackageNotFoundError:  # running from a source tree that was not pip-installed (ray job submit)
-        import tomllib
-
-        pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
-        try:
-            return tomllib.loads(pyproject.read_text())["project"]["version"]
-        except (OSError, KeyError, ValueError):
-            return "unknown"
-
-
-def git_commit() -> str | None:
-    """The commit of the code's checkout, with ``-dirty`` when it has uncommitted changes; None outside git."""
-    root = Path(__file__).resolve().parent.parent
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
-        if head.returncode != 0:
-            return None
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
-
-
-def new_manifest(config: JobConfig, prompts: int) -> Manifest:
-    return Manifest(
-        name=config.name,
-        config=config.model_dump(mode="json"),
-        config_hash=config.hash(),
-        winnow_version=winnow_version(),
-        packages=package_versions(),
-        git_commit=git_commit(),
-        status="running",
-        started_at=now(),
-        prompts=prompts,
-    )
-
-
-def finish_manifest(manifest: Manifest, folder: RunFolder, config: JobConfig, t: Tally, status: str,
-                    error: str | None = None) -> Manifest:
-    """Rewrite the manifest with the end time, the status and the folder's tallies (`t`)."""
-    data = manifest.model_dump()
-    data.update(status=status, finished_at=now(), rows=t.rows, errors=t.errors,
-                cost=t.cost_totals(config.cost.usd_per_device_hour), error=error)
-    out = Manifest.model_validate(data)
-    folder.write_manifest(out)
-    return out

@@ -18,9 +18,10 @@ import ray
 import ray.data
 from ray.data.checkpoint import CheckpointConfig
 
-from jobs.actor import GenerateBatch
-from jobs.raydata import data_context
-from jobs.rundir import RunFolder
+from pipeline.actor import GenerateBatch
+from pipeline.preflight import resolved
+from pipeline.raydata import data_context
+from runfolder.folder import RunFolder
 from schemas.config import JobConfig
 
 
@@ -52,7 +53,7 @@ def run(config: JobConfig, folder: RunFolder) -> None:
             warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
             ds = ds.map_batches(
                 GenerateBatch,
-                fn_constructor_kwargs={"config": config.model_dump(mode="json")},
+                fn_constructor_kwargs={"config": resolved(config).model_dump(mode="json")},
                 batch_size=r.prompts_per_batch,
                 batch_format="pyarrow",
                 compute=ray.data.ActorPoolStrategy(size=r.workers),

@@ -1,4 +1,4 @@
-"""Reading run folders and writing output folders, local or remote, through one fsspec code path.
+"""Reading finished run folders for `winnow build-sft` and `winnow report`, local or remote, through one fsspec code path.
 
 A run folder (SPEC.md "Output folder") is ``RUN/manifest.json`` plus ``RUN/candidates/*.parquet``; it may be a
 local path, ``s3://bucket/prefix`` or any fsspec URL (``memory://`` in tests). Parquet files are read as one
@@ -8,23 +8,17 @@ moved into place at the end, so a failure leaves no half-written ``--out``.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import posixpath
-import shutil
-import uuid
 from dataclasses import dataclass
-from typing import Iterator
 
 import fsspec
 import pyarrow as pa
 import pyarrow.dataset as pads
-from fsspec.implementations.local import LocalFileSystem
 from pydantic import ValidationError
 
-from jobs.errors import InputError
-from jobs.rundir import committed_data_files
+from runfolder.folder import committed_data_files
+from schemas.base import InputError
 from schemas.manifest import Manifest
 from schemas.rows import ROW_SCHEMA
 
@@ -234,62 +228,3 @@ def reward_mismatch(runs: list[Run]) -> str | None:
     groups = "; ".join(f"{', '.join(labels)}: {key}" for key, labels in setups.items())
     return ("the runs use different reward settings (config.models.reward), so their rewards may not be "
             f"comparable: {groups}")
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Output folders
-
-
-def check_out(uri: str, overwrite: bool) -> None:
-    """Refuse (InputError) an --out that exists and is not empty unless overwrite, or that is a file."""
-    fs, path = filesystem(uri)
-    if fs.isfile(path):
-        raise InputError(f"{uri}: --out exists and is a file, not a folder")
-    if fs.isdir(path) and fs.find(path) and not overwrite:
-        raise InputError(f"{uri}: --out exists and is not empty; pass --overwrite to replace it")
-
-
-@contextlib.contextmanager
-def staged_out(uri: str) -> Iterator[tuple[fsspec.AbstractFileSystem, str]]:
-    """Yield (fs, temporary folder) beside ``uri``; on success put its files at ``uri``, replacing what is there.
-
-    On an exception the temporary folder is removed and ``uri`` is left as it was. On a local disk the swap is two
-    renames (the old folder is moved aside first and deleted last), so an interruption leaves the old or the new
-    folder. Object stores (S3) have no rename: there the old files are deleted and the new ones copied object by
-    object, which is not atomic, but nothing is touched until every file was written to the temporary folder.
-    """
-    fs, path = filesystem(uri)
-    token = uuid.uuid4().hex[:12]
-    tmp = f"{path}.tmp-{token}"
-    try:
-        fs.makedirs(tmp, exist_ok=True)
-        yield fs, tmp
-        _swap(fs, tmp, path, token)
-    finally:
-        if fs.exists(tmp):
-            fs.rm(tmp, recursive=True)
-
-
-def _swap(fs, tmp: str, path: str, token: str) -> None:
-    if isinstance(fs, LocalFileSystem):
-        old = f"{path}.old-{token}"
-        had_old = os.path.lexists(path)
-        if had_old:
-            os.rename(path, old)
-        os.rename(tmp, path)
-        if had_old:
-            shutil.rmtree(old)
-        return
-    if fs.exists(path):
-        fs.rm(path, recursive=True)
-    for src in fs.find(tmp):
-        dst = path + src[len(tmp):]
-        fs.copy(src, dst)
-
-
-def write_bytes(fs, path: str, data: bytes) -> None:
-    parent = posixpath.dirname(path)
-    if parent:
-        fs.makedirs(parent, exist_ok=True)
-    with fs.open(path, "wb") as f:
-        f.write(data)

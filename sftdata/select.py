@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from jobs.errors import InputError
-from jobs.run_folders import Run, unique_labels
+from schemas.base import InputError
+from runfolder.runs import Run, unique_labels
 
 MESSAGE = pa.struct([("role", pa.string()), ("content", pa.string())])
 SFT_SCHEMA = pa.schema(

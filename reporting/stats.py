@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats as sstats
 
-from jobs.run_folders import Run
+from runfolder.runs import Run
 
 FINISHED = ("eos", "length")
 MIN_CORRELATION_POINTS = 3

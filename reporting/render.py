@@ -1,6 +1,6 @@
 """Assembling the report of runs against a baseline: `report.json`, `report.md` and its PNG plots.
 
-The numbers come from `jobs.reporting` (definitions there and in the report's own "Definitions" section); this
+The numbers come from `reporting.stats` (definitions there and in the report's own "Definitions" section); this
 module orders them, names the run with the most reward gained per dollar, and writes the files.
 """
 
@@ -9,9 +9,10 @@ from __future__ import annotations
 import json
 import posixpath
 
-from jobs import report_plots
-from jobs.reporting import compare, correlation_points, correlations, finite, ok_rows, run_summary, sample_prompt
-from jobs.run_folders import Run, reward_mismatch, staged_out, unique_labels, write_bytes
+from reporting import plots as report_plots
+from reporting.stats import compare, correlation_points, correlations, finite, ok_rows, run_summary, sample_prompt
+from runfolder.outputs import staged_out, write_bytes
+from runfolder.runs import Run, reward_mismatch, unique_labels
 
 DEFINITIONS = {
     "baseline": "the run given with --baseline; without it, the first RUN_DIR",

@@ -1,0 +1,71 @@
+"""A job's models, checked and resolved on the driver before Ray starts an actor.
+
+`model_problems` reports every problem at once, each naming its field. `resolved` turns the config's `builtin:`
+names into the bundled folders' paths (`assets.resolve`, the one resolver of those names), so the workers receive
+plain locations. A model is a folder in Hugging Face format (it holds ``config.json``): a local folder, an s3:// (or
+other fsspec) prefix, or ``builtin:NAME``; the folder check itself is `workers.checkpoints.model_folder_problem`,
+the same one the workers run before loading.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import assets
+from schemas.config import JobConfig
+from workers.checkpoints import model_folder_problem
+
+
+def model_fields(config: JobConfig) -> list[tuple[str, str]]:
+    """(field, location) of every model folder the config names."""
+    m = config.models
+    out = [("models.target", m.target)]
+    if m.draft is not None:
+        out.append(("models.draft", m.draft))
+    if m.reward is not None and m.reward.kind == "model":
+        out.append(("models.reward.path", m.reward.path))
+    return out
+
+
+def model_problem(spec: str, field: str) -> str | None:
+    """Why `spec` (as written in the config) is not a model folder, or None."""
+    try:
+        location = assets.resolve(spec)
+    except KeyError as err:
+        return f"{field}: {err.args[0]}"
+    return model_folder_problem(location, field, shown=spec)
+
+
+def python_reward_problem(function: str) -> str | None:
+    """Why `module:function` cannot be imported and called, or None."""
+    module_name, _, attr = function.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as err:  # any import-time failure of user code is a bad config, reported by name
+        return f"models.reward.function: cannot import {module_name!r} ({type(err).__name__}: {err})"
+    if not callable(getattr(module, attr, None)):
+        return f"models.reward.function: {module_name!r} has no callable {attr!r}"
+    return None
+
+
+def model_problems(config: JobConfig) -> list[str]:
+    problems = [p for field, spec in model_fields(config) if (p := model_problem(spec, field))]
+    reward = config.models.reward
+    if reward is not None and reward.kind == "python":
+        problem = python_reward_problem(reward.function)
+        if problem:
+            problems.append(problem)
+    return problems
+
+
+def resolved(config: JobConfig) -> JobConfig:
+    """The config with every `builtin:` model name replaced by its bundled folder (unknown names raise KeyError;
+    `model_problems` reports them first). The config's hash is unchanged by design: it is taken from the config as
+    the user wrote it, before this step."""
+    m = config.models
+    update: dict = {"target": assets.resolve(m.target)}
+    if m.draft is not None:
+        update["draft"] = assets.resolve(m.draft)
+    if m.reward is not None and m.reward.kind == "model":
+        update["reward"] = m.reward.model_copy(update={"path": assets.resolve(m.reward.path)})
+    return config.model_copy(update={"models": m.model_copy(update=update)})

@@ -1,0 +1,81 @@
+"""The manifest of a run folder (`schemas.manifest.Manifest`): what ran, with which code and packages, and how it
+ended. Written with status ``running`` before the first row and rewritten at the end."""
+
+from __future__ import annotations
+
+import datetime as dt
+import subprocess
+from importlib import metadata
+from pathlib import Path
+
+from runfolder.folder import RunFolder, Tally
+from schemas.config import JobConfig
+from schemas.manifest import Manifest
+
+PACKAGES = ("torch", "transformers", "tokenizers", "ray", "pyarrow", "datasets", "pydantic", "numpy")
+
+
+def now() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def package_versions() -> dict[str, str]:
+    out = {}
+    for name in PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+def winnow_version() -> str:
+    try:
+        return metadata.version("winnow")
+    except metadata.PackageNotFoundError:  # running from a source tree that was not pip-installed (ray job submit)
+        import tomllib
+
+        pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+        try:
+            return tomllib.loads(pyproject.read_text())["project"]["version"]
+        except (OSError, KeyError, ValueError):
+            return "unknown"
+
+
+def git_commit() -> str | None:
+    """The commit of the code's checkout, with ``-dirty`` when it has uncommitted changes; None outside git."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+
+
+def new_manifest(config: JobConfig, prompts: int) -> Manifest:
+    return Manifest(
+        name=config.name,
+        config=config.model_dump(mode="json"),
+        config_hash=config.hash(),
+        winnow_version=winnow_version(),
+        packages=package_versions(),
+        git_commit=git_commit(),
+        status="running",
+        started_at=now(),
+        prompts=prompts,
+    )
+
+
+def finish_manifest(manifest: Manifest, folder: RunFolder, config: JobConfig, t: Tally, status: str,
+                    error: str | None = None) -> Manifest:
+    """Rewrite the manifest with the end time, the status and the folder's tallies (`t`)."""
+    data = manifest.model_dump()
+    data.update(status=status, finished_at=now(), rows=t.rows, errors=t.errors,
+                cost=t.cost_totals(config.cost.usd_per_device_hour), error=error)
+    out = Manifest.model_validate(data)
+    folder.write_manifest(out)
+    return out
