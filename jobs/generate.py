@@ -43,6 +43,9 @@ def main(argv: list[str] | None = None) -> int:
         prompts = None if plan.reuses_prompts else load_prompts(config)
     except InputError as err:
         return config_args.report(PROG, err)
+    except Exception as err:  # not the source's fault (a dead Ray worker, a bug): a run-time failure, nothing written
+        print(f"{PROG}: failed reading the prompts: {short_error(err)}", file=sys.stderr)
+        return EXIT_RUNTIME
 
     outcome = job.execute(plan, prompts, log=lambda line: print(f"{PROG}: {line}", flush=True))
     where = plan.folder.uri

@@ -119,5 +119,7 @@ def summary_table(t: Tally, config: JobConfig, new_rows: int, seconds: float) ->
         f"{new_rows} row(s) written by this run in {seconds:.0f} s; tokens = target {cost.target_tokens} + "
         f"draft {cost.draft_tokens} + reward {cost.reward_tokens}; USD at "
         f"{config.cost.usd_per_device_hour:g}/device-hour"
+        + (f"; {t.rows_without_cost} row(s) have no cost and are left out of these totals"
+           if t.rows_without_cost else "")
     )
     return "\n".join([head, rule, row, notes])

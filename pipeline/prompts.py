@@ -120,6 +120,21 @@ def resolve_source(spec: str) -> Source:
     return Source(spec, kinds[0], [_with_protocol(fs, p) for p in files], fs)
 
 
+# What a reader raises on a file that is not what it claims to be (truncated Parquet, malformed JSON lines, bad
+# encoding, a missing file). Ray re-raises a task's exception as an instance of its class too, so these catch the
+# readers' errors from remote tasks; anything else (a bug, a dead worker) is not bad input and propagates.
+READ_ERRORS = (OSError, ValueError, EOFError, pa.ArrowException)
+
+
+def raise_if_not_input(err: BaseException) -> None:
+    """Re-raise Ray's own failures (a dead worker or node, a lost object, a timeout) that happen to subclass one of
+    READ_ERRORS (TimeoutError is an OSError): they say nothing about the source."""
+    from ray.exceptions import RayError, RayTaskError
+
+    if isinstance(err, RayError) and not isinstance(err, RayTaskError):
+        raise err
+
+
 def read_source(source: Source):
     """The source as a Ray Dataset (lazy; nothing is read until it executes)."""
     import ray.data
@@ -130,7 +145,7 @@ def read_source(source: Source):
 
         try:
             hf = datasets.load_from_disk(source.paths[0], storage_options=None if source.local else source.fs.storage_options)
-        except Exception as err:  # datasets raises FileNotFoundError, ValueError, ArrowInvalid...
+        except (*READ_ERRORS, KeyError) as err:  # a missing or malformed state.json, dataset_info.json or arrow file
             raise InputError(f"data.source: {source.spec}: not a readable datasets.save_to_disk folder: {err}") from None
         if not isinstance(hf, datasets.Dataset):
             raise InputError(f"data.source: {source.spec}: expected one split (a datasets.Dataset)")
@@ -294,7 +309,8 @@ def load_prompts(config: JobConfig) -> pa.Table:
         ds = read_source(source)
         try:
             schema = ds.schema(fetch_if_missing=True)
-        except Exception as err:  # the reader's own error (ArrowInvalid, JSONDecodeError...) wrapped by Ray
+        except READ_ERRORS as err:  # the reader's own error (ArrowInvalid, JSONDecodeError...), re-raised by Ray
+            raise_if_not_input(err)
             raise InputError(f"data.source: {source.spec}: cannot be read: {short_error(err)}") from None
         if schema is None:
             raise InputError(f"data.source: {source.spec}: holds no rows")
@@ -314,7 +330,8 @@ def load_prompts(config: JobConfig) -> pa.Table:
         )
         try:
             parts = [b for b in ds.iter_batches(batch_format="pyarrow", batch_size=None)]
-        except Exception as err:
+        except READ_ERRORS as err:
+            raise_if_not_input(err)
             raise InputError(f"data.source: {source.spec}: cannot be read: {short_error(err)}") from None
     table = pa.concat_tables(parts).cast(INPUT_SCHEMA) if parts else INPUT_SCHEMA.empty_table()
     if table.num_rows == 0:

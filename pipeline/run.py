@@ -12,7 +12,6 @@ is in candidates/ once if its checkpoint committed, and is generated again other
 from __future__ import annotations
 
 import os
-import warnings
 
 import ray
 import ray.data
@@ -47,23 +46,20 @@ def run(config: JobConfig, folder: RunFolder) -> None:
     ):
         fs = folder.arrow_fs()
         ds = ray.data.read_parquet(folder.url("prompts.parquet"), filesystem=fs, num_cpus=0)
-        with warnings.catch_warnings():
-            # ray 2.60 has no named parameter for max_restarts / max_task_retries; passing them as remote args is
-            # still the documented way, but it warns that remote args will be renamed in 2.64.
-            warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
-            ds = ds.map_batches(
-                GenerateBatch,
-                fn_constructor_kwargs={"config": resolved(config).model_dump(mode="json")},
-                batch_size=r.prompts_per_batch,
-                batch_format="pyarrow",
-                compute=ray.data.ActorPoolStrategy(size=r.workers),
-                num_cpus=r.cpus_per_worker,
-                num_gpus=r.gpus_per_worker,
-                # Ray Data restarts dead actors and retries their batches forever by default; an engine that keeps
-                # crashing must fail the job instead.
-                max_restarts=r.max_retries,
-                max_task_retries=r.max_retries,
-            )
+        ds = ds.map_batches(
+            GenerateBatch,
+            fn_constructor_kwargs={"config": resolved(config).model_dump(mode="json")},
+            batch_size=r.prompts_per_batch,
+            batch_format="pyarrow",
+            compute=ray.data.ActorPoolStrategy(size=r.workers),
+            num_cpus=r.cpus_per_worker,
+            num_gpus=r.gpus_per_worker,
+            # Ray Data restarts dead actors and retries their batches forever by default; an engine that keeps
+            # crashing must fail the job instead. Ray 2.60 has no named parameter for these two (its own docs say
+            # `map_batches(..., max_restarts=0)`), so they go in ray_remote_args, which it deprecates for removal
+            # in 2.64: pyproject pins ray below that, and the deprecation warning is left visible.
+            ray_remote_args={"max_restarts": r.max_retries, "max_task_retries": r.max_retries},
+        )
         ds.write_parquet(folder.url("candidates"), filesystem=fs, ray_remote_args={"num_cpus": 0})
 
 

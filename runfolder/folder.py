@@ -187,14 +187,16 @@ class Tally:
     errors: int = 0
     ids: list[str] = field(default_factory=list)
     best_rewards: list[float] = field(default_factory=list)
-    cost: dict = field(default_factory=dict)
+    cost: dict = field(default_factory=lambda: {k: 0 for k in COST_FIELDS})
+    rows_without_cost: int = 0  # rows whose cost (or a field of it) is null; left out of `cost`
 
     def mean_best_reward(self) -> float | None:
         return sum(self.best_rewards) / len(self.best_rewards) if self.best_rewards else None
 
     def cost_totals(self, usd_per_device_hour: float) -> CostTotals:
-        cost = {k: self.cost.get(k, 0) for k in COST_FIELDS}
-        return CostTotals(**cost, usd=cost["device_seconds"] / 3600.0 * usd_per_device_hour)
+        cost = {k: self.cost[k] for k in COST_FIELDS}
+        return CostTotals(**cost, usd=cost["device_seconds"] / 3600.0 * usd_per_device_hour,
+                          rows_without_cost=self.rows_without_cost)
 
 
 def pending_checkpoints(folder: RunFolder) -> list[str]:
@@ -231,7 +233,7 @@ def committed_data_files(fs, path: str) -> list[str]:
 def tally(folder: RunFolder) -> Tally:
     """Count the committed rows of the folder: rows, errors, best rewards, summed cost."""
     files = committed_files(folder)
-    t = Tally(cost={k: 0 for k in COST_FIELDS})
+    t = Tally()
     if not files:
         return t
     table = pads.dataset(files, filesystem=folder.fs, format="parquet").to_table(
@@ -243,8 +245,11 @@ def tally(folder: RunFolder) -> Tally:
     t.errors = sum(e is not None for e in errors)
     t.best_rewards = [r for r, e in zip(table.column("best_reward").to_pylist(), errors) if r is not None and e is None]
     for c in table.column("cost").to_pylist():
+        if c is None or any(c.get(k) is None for k in COST_FIELDS):
+            t.rows_without_cost += 1  # not summed as 0: the totals say how many rows they leave out
+            continue
         for k in COST_FIELDS:
-            t.cost[k] += (c or {}).get(k) or 0
+            t.cost[k] += c[k]
     return t
 
 

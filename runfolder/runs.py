@@ -142,6 +142,17 @@ def _read_rows(fs, files: list[str], uri: str) -> list[dict]:
     return table.to_pylist()
 
 
+def _cost_problems(rows: list[dict], uri: str) -> list[str]:
+    """Rows that ran (no error) but whose cost or a field of it is null: the report would have to guess their cost,
+    so they are refused, naming the first few."""
+    bad = [r["prompt_id"] for r in rows
+           if r["error"] is None and (r["cost"] is None or any(v is None for v in r["cost"].values()))]
+    if not bad:
+        return []
+    return [f"{uri}/candidates: {len(bad)} row(s) without an error have a null cost (or cost field), e.g. "
+            f"prompt_id {bad[:3]}; expected the cost struct of schemas.rows.ROW_SCHEMA"]
+
+
 def _dedupe(rows: list[dict], uri: str) -> tuple[list[dict], int]:
     """One row per prompt_id. An errored row is superseded by a successful row of the same prompt (a retry);
     two successful rows of one prompt_id in one run break the one-row-per-prompt contract and are refused."""
@@ -183,7 +194,11 @@ def load_run(uri: str) -> Run:
     files = _candidate_files(fs, path)
     if not files:
         raise InputError(f"{uri}/candidates: no .parquet files; the run has written no rows")
-    rows, superseded = _dedupe(_read_rows(fs, files, uri), uri)
+    rows = _read_rows(fs, files, uri)
+    problems = _cost_problems(rows, uri)
+    if problems:
+        raise InputError(problems)
+    rows, superseded = _dedupe(rows, uri)
     return Run(uri=uri, manifest=manifest, rows=rows, superseded_errors=superseded)
 
 

@@ -19,6 +19,10 @@ class CostTotals(BaseModel):
     wall_seconds: float = Field(0.0, description="summed over prompts (each prompt's batch wall time)")
     device_seconds: float = 0.0
     usd: float = Field(0.0, description="device_seconds / 3600 x cost.usd_per_device_hour")
+    rows_without_cost: int = Field(
+        0, description="rows whose cost (or a field of it) is null, as in files Winnow did not write; they are "
+        "left out of these totals rather than counted as free"
+    )
 
 
 class Manifest(BaseModel):

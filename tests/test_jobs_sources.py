@@ -227,3 +227,20 @@ def test_malformed_json_is_a_clean_error(ray_session, tmp_path):
     src.write_text('{"prompt": "a"}\n{"prompt": \n')
     with pytest.raises(InputError, match=f"data.source: {src}: cannot be read: "):
         load_prompts(config_for(tmp_path, src))
+
+
+def test_only_the_readers_errors_are_bad_input_not_rays_own():
+    """A reader's error re-raised by Ray is an instance of its own class too (bad input, exit 2); Ray's own failures
+    that subclass OSError (a get timeout) or anything else (a dead actor) propagate as run-time failures."""
+    import ray.exceptions
+
+    from pipeline.prompts import READ_ERRORS, raise_if_not_input
+
+    wrapped = ray.exceptions.RayTaskError("read", "traceback", pa.ArrowInvalid("truncated")).as_instanceof_cause()
+    assert isinstance(wrapped, READ_ERRORS)
+    raise_if_not_input(wrapped)  # bad input: returns
+    timeout = ray.exceptions.GetTimeoutError("slow")
+    assert isinstance(timeout, READ_ERRORS)
+    with pytest.raises(ray.exceptions.GetTimeoutError):
+        raise_if_not_input(timeout)
+    assert not isinstance(ray.exceptions.ActorDiedError(), READ_ERRORS)

@@ -16,8 +16,18 @@ from conftest_runs import cand, err_row, row, s3_endpoint, synthetic_runs, write
 from jobs.report import main
 from reporting.stats import compare, correlations, improvement_score, run_summary
 from runfolder.runs import load_run
+from schemas.base import InputError
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_row_that_ran_without_a_cost_is_refused_by_name(tmp_path):
+    good = row("p1", [cand("a", 0.5)])
+    broken = row("p2", [cand("b", 0.4)])
+    broken["cost"]["device_seconds"] = None
+    uri = write_run(str(tmp_path / "r"), [good, broken])
+    with pytest.raises(InputError, match=r"1 row\(s\) without an error have a null cost .*'p2'"):
+        load_run(uri)
 
 
 def test_improvement_score_equation_8():

@@ -95,6 +95,19 @@ def test_only_rows_with_a_committed_checkpoint_count(tmp_path):
     assert cost.device_seconds == 2.0 and cost.target_tokens == 20 and abs(cost.usd - 0.002) < 1e-12
 
 
+def test_a_row_without_cost_is_left_out_of_the_totals_and_counted(tmp_path):
+    folder = RunFolder(str(tmp_path / "run"))
+    _write(folder, "w1_000000", ["a", "b"], committed=True)
+    data = Path(folder.path) / "candidates" / "w1_000000-0.parquet"
+    rows = pq.read_table(data).to_pylist()
+    rows[1]["cost"]["device_seconds"] = None  # a file Winnow did not write: no device time for "b"
+    pq.write_table(rows_to_table(rows), data)
+    t = tally(folder)
+    cost = t.cost_totals(usd_per_device_hour=3.6)
+    assert t.rows == 2 and t.rows_without_cost == 1
+    assert cost.device_seconds == 1.0 and cost.target_tokens == 10 and cost.rows_without_cost == 1
+
+
 def test_exactly_once_problems():
     assert exactly_once_problems(["a", "b"], ["b", "a"]) == []
     problems = exactly_once_problems(["a", "b", "c"], ["a", "a", "b", "z"])
