@@ -1,8 +1,9 @@
 """Expert-Iteration SFT data from runs: pool every run's candidates per prompt, filter, select, write.
 
-Terms. A *candidate* is one response a method started for a prompt (SPEC.md `candidates`). It is *finished* when
-its finish_reason is ``eos``; *truncated* when ``length`` (it hit max_new_tokens); *rejected* when Speculative
-Rejection stopped it early (its reward is null). Candidates of one prompt_id are *pooled* across runs, so the best
+Terms (docs/glossary.md). A *candidate* is one response a method started for a prompt (a row's `candidates`). A
+*finished* candidate ended at EOS (finish_reason ``eos``) or at its token limit (``length``, called *truncated*
+here, since its text stops mid-way); a *rejected* one was stopped early by Speculative Rejection (its reward is
+null). By default only candidates that ended at EOS are kept. Candidates of one prompt_id are *pooled* across runs, so the best
 response across methods wins. The output is TRL's conversational prompt-completion form: ``prompt`` is the chat
 messages and ``completion`` is a list with one assistant message.
 """

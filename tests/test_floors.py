@@ -1,0 +1,80 @@
+"""The package floors of docs/glossary.md: every import in the project's own modules goes down, never up.
+
+Imports inside functions count too (a lazy import is still a dependency)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+FLOORS = {"jobs": 5, "pipeline": 4, "sftdata": 4, "reporting": 4, "runfolder": 3, "workers": 2, "schemas": 1,
+          "lexical": 1}
+# Packages beside the floors, with what they may import.
+ASIDE = {"assets": {"assets", "lexical"},
+         "bench": {"bench", "assets", "pipeline", "reporting", "runfolder", "schemas", "workers", "lexical"}}
+PROJECT = set(FLOORS) | set(ASIDE)
+# Who may import assets: the driver's pipeline resolves builtin: names; `winnow assets` lists them; benches use them.
+ASSETS_USERS = {"assets", "pipeline", "jobs", "bench"}
+
+
+def project_imports(path: Path) -> set[str]:
+    """Top-level project packages a module imports, anywhere in it."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, f"{path}: relative import; the project imports by package name"
+            names = [node.module or ""]
+        else:
+            continue
+        out |= {n.split(".")[0] for n in names if n.split(".")[0] in PROJECT}
+    return out
+
+
+def modules():
+    for package in sorted(PROJECT):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            yield package, path
+
+
+def problems_of(package: str, path: Path) -> list[str]:
+    where = path.relative_to(ROOT)
+    out = []
+    for other in sorted(project_imports(path) - {package}):
+        if other == "assets" and package not in ASSETS_USERS:
+            out.append(f"{where} imports assets; only {sorted(ASSETS_USERS - {'assets'})} may")
+        elif package in ASIDE:
+            if other not in ASIDE[package]:
+                out.append(f"{where} ({package}) imports {other}")
+        elif other in FLOORS and FLOORS[other] >= FLOORS[package]:
+            out.append(f"{where} (floor {FLOORS[package]}) imports {other} (floor {FLOORS[other]})")
+        elif other in ASIDE and other != "assets":
+            out.append(f"{where} imports {other}, which is beside the floors")
+    return out
+
+
+def test_every_import_goes_down():
+    problems = [p for package, path in modules() for p in problems_of(package, path)]
+    assert problems == []
+
+
+def test_the_checker_sees_an_import_running_back_up(tmp_path, monkeypatch):
+    """The rule can fail: a workers module importing the run folder, a runfolder module importing the pipeline."""
+    fake = tmp_path / "workers" / "bad.py"
+    fake.parent.mkdir()
+    fake.write_text("def f():\n    from runfolder.folder import RunFolder\n    import assets\n")
+    monkeypatch.setattr(__import__(__name__), "ROOT", tmp_path)
+    assert problems_of("workers", fake) == [
+        "workers/bad.py imports assets; only ['bench', 'jobs', 'pipeline'] may",
+        "workers/bad.py (floor 2) imports runfolder (floor 3)",
+    ]
+
+
+@pytest.mark.parametrize("package", sorted(FLOORS))
+def test_each_floor_package_exists(package):
+    assert (ROOT / package / "__init__.py").is_file()
