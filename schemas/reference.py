@@ -1,8 +1,10 @@
-"""The job config reference, rendered as Markdown from the pydantic models' fields and descriptions.
+"""The README's two generated references: the job config (from the pydantic models' fields and descriptions) and
+the output columns (from `schemas.rows`).
 
-`python -m schemas.reference` prints it; `python -m schemas.reference --write README.md` replaces the text between the
-README's ``<!-- config-reference:start -->`` and ``<!-- config-reference:end -->`` markers (a test checks that the
-README holds exactly what this renders, so the reference cannot drift from the schema).
+`python -m schemas.reference` prints them; `python -m schemas.reference --write README.md` replaces the text between
+the README's ``<!-- config-reference:start -->`` / ``<!-- config-reference:end -->`` and
+``<!-- output-columns:start -->`` / ``<!-- output-columns:end -->`` markers (a test checks that the README holds
+exactly what this renders, so neither reference can drift from the schema).
 """
 
 from __future__ import annotations
@@ -13,15 +15,16 @@ import types
 import typing
 from pathlib import Path
 
+import pyarrow as pa
 from annotated_types import Ge, Gt, Le, Lt, MinLen
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
 from schemas import config as C
 from schemas import methods as M
+from schemas import rows as R
 
-START = "<!-- config-reference:start -->"
-END = "<!-- config-reference:end -->"
+SECTIONS = ("config-reference", "output-columns")
 
 REWARDS = [C.ModelReward, C.LogprobReward, C.LexicalReward, C.PythonReward]
 METHODS = list(typing.get_args(typing.get_args(M.Method)[0]))
@@ -119,29 +122,67 @@ def render() -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
-def section_of(readme: str) -> str:
-    """The text between the README's markers (without the marker lines)."""
-    if START not in readme or END not in readme:
-        raise ValueError(f"README has no {START} ... {END} section")
-    return readme.split(START, 1)[1].split(END, 1)[0].strip("\n") + "\n"
+def render_columns() -> str:
+    """The output columns of candidates/*.parquet, nested fields and `stats` included, with their Arrow types."""
+
+    def short(dtype) -> str:
+        if pa.types.is_list(dtype):
+            return f"list<{short(dtype.value_type)}>"
+        return "struct" if pa.types.is_struct(dtype) else str(dtype)
+
+    def walk(name: str, dtype, out: list[str]) -> None:
+        if name in R.COLUMN_MEANINGS:
+            out.append(f"| `{name}` | `{short(dtype)}` | {R.COLUMN_MEANINGS[name]} |")
+        inner = dtype.value_type if pa.types.is_list(dtype) else dtype
+        if name != "stats" and pa.types.is_struct(inner):
+            suffix = "[]" if inner is not dtype else ""
+            for i in range(inner.num_fields):
+                walk(f"{name}{suffix}.{inner.field(i).name}", inner.field(i).type, out)
+
+    lines = ["One row per prompt, generated from `schemas/rows.py` by `python -m schemas.reference`. Readers should "
+             "ignore columns they do not know: new ones may be added.", "",
+             "| column | type | meaning |", "|---|---|---|"]
+    for f in R.ROW_SCHEMA:
+        walk(f.name, f.type, lines)
+    lines += ["", "`stats`, by field:", "", "| field | type | meaning |", "|---|---|---|"]
+    lines += [f"| `stats.{name}` | `{short(dtype)}` | {meaning} |" for name, (dtype, meaning) in R.STATS_FIELDS.items()]
+    return "\n".join(lines) + "\n"
 
 
-def replace_section(readme: str, text: str) -> str:
-    head, rest = readme.split(START, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{START}\n{text}{END}{tail}"
+RENDER = {"config-reference": render, "output-columns": render_columns}
+
+
+def _markers(name: str) -> tuple[str, str]:
+    return f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+
+
+def section_of(readme: str, name: str = "config-reference") -> str:
+    """The text between the README's markers of section `name` (without the marker lines)."""
+    start, end = _markers(name)
+    if start not in readme or end not in readme:
+        raise ValueError(f"README has no {start} ... {end} section")
+    return readme.split(start, 1)[1].split(end, 1)[0].strip("\n") + "\n"
+
+
+def replace_section(readme: str, text: str, name: str = "config-reference") -> str:
+    start, end = _markers(name)
+    head, rest = readme.split(start, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{start}\n{text}{end}{tail}"
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m schemas.reference", description=__doc__.splitlines()[0])
-    p.add_argument("--write", metavar="README", help="replace the reference section of this file")
+    p.add_argument("--write", metavar="README", help="replace both generated sections of this file")
     args = p.parse_args(argv)
-    text = render()
     if args.write:
         path = Path(args.write)
-        path.write_text(replace_section(path.read_text(), text))
+        text = path.read_text()
+        for name in SECTIONS:
+            text = replace_section(text, RENDER[name](), name)
+        path.write_text(text)
     else:
-        print(text, end="")
+        print("\n".join(RENDER[name]() for name in SECTIONS), end="")
     return 0
 
 

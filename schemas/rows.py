@@ -1,4 +1,7 @@
-"""The Arrow schema of one output row (one prompt) of `candidates/*.parquet`, as SPEC.md fixes it.
+"""The Arrow schema of one output row (one prompt) of `candidates/*.parquet`: the interface contract's output columns.
+
+README's "Output columns" is rendered from the meanings below by `python -m schemas.reference` (a test keeps the two
+equal).
 
 ``stats`` is one struct for every method, so Parquet files of different methods share a schema and can be read
 and pooled together; a field a method does not measure is null.
@@ -82,7 +85,36 @@ ROW_SCHEMA = pa.schema(
 )
 
 COST_FIELDS = [f.name for f in COST]
-FINISH_REASONS = ("eos", "length", "rejected")
+
+# Meanings of the columns and nested fields other than `stats` (whose meanings are in STATS_FIELDS).
+COLUMN_MEANINGS: dict[str, str] = {
+    "prompt_id": "the prompt's id: `data.id_column` as a string, or a hash of the prompt (a later duplicate gets "
+    "`ID#dup1`, ...)",
+    "prompt": "the prompt as chat messages ({role, content})",
+    "method": "`method.name` of the run",
+    "candidates": "every candidate the method started for the prompt, rejected ones included",
+    "candidates[].text": "the response, decoded without special tokens",
+    "candidates[].num_tokens": "tokens of the response under the target tokenizer",
+    "candidates[].reward": "final reward; null for a rejected candidate or without a reward",
+    "candidates[].finish_reason": "`eos`, `length` (token limit) or `rejected` (stopped by a Speculative Rejection cut)",
+    "candidates[].partial_rewards": "the candidate's reward at each decision token it was running at",
+    "best_index": "index in `candidates` of the answer: the finished candidate with the highest final reward (the "
+    "method's own answer for single-response methods); null when there is none",
+    "best_text": "`candidates[best_index].text`",
+    "best_reward": "`candidates[best_index].reward`",
+    "cost": "what the prompt cost (below); its batch's device time is shared among the batch's prompts in proportion "
+    "to their target tokens",
+    "cost.target_tokens": "tokens the target processed for this prompt (prefill and decoding)",
+    "cost.draft_tokens": "tokens the draft processed",
+    "cost.reward_tokens": "tokens the reward model processed",
+    "cost.target_forwards": "batched target forward calls that included this prompt",
+    "cost.draft_forwards": "batched draft forward calls that included this prompt",
+    "cost.reward_forwards": "batched reward-model forward calls that included this prompt",
+    "cost.wall_seconds": "wall time of the prompt's batch",
+    "cost.device_seconds": "the prompt's share of the batch's device time (GPUs held, or 1 on CPU, x wall time)",
+    "stats": "per-method measures (below); a field a method does not measure is null",
+    "error": "why the prompt could not run (an error row has no candidates), or null",
+}
 
 
 def empty_stats() -> dict:

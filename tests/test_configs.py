@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from schemas.reference import render, section_of
+from schemas.reference import render, render_columns, section_of
+from schemas.rows import COST_FIELDS, ROW_SCHEMA, STATS_FIELDS
 from pipeline.preflight import model_problems
 from pipeline.prompts import resolve_source
 from schemas.config import load_config
@@ -37,6 +38,14 @@ def test_quickstart_and_best_of_n_compare_like_with_like():
 def test_readme_config_reference_is_generated_from_the_schema():
     readme = (ROOT / "README.md").read_text()
     assert section_of(readme) == render(), "regenerate it: python -m schemas.reference --write README.md"
+
+
+def test_readme_output_columns_are_generated_from_the_row_schema():
+    readme = (ROOT / "README.md").read_text()
+    got = section_of(readme, "output-columns")
+    assert got == render_columns(), "regenerate it: python -m schemas.reference --write README.md"
+    for name in [*ROW_SCHEMA.names, *(f"stats.{s}" for s in STATS_FIELDS), *(f"cost.{c}" for c in COST_FIELDS)]:
+        assert f"| `{name}` |" in got, f"{name} has no meaning in schemas.rows"
 
 
 def test_cluster_yaml_passes_the_ray_cluster_launcher_schema():
