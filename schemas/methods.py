@@ -48,12 +48,13 @@ class SpeculativeRejection(Strict):
     every_k_tokens: int = Field(16, ge=1, description="Tokens between decisions when schedule is 'fixed'.")
     memory_budget_mb: float | None = Field(
         None, gt=0,
-        description="KV-cache budget in MiB for schedule 'memory'. Required on CPU (gpus_per_worker: 0). On GPU, "
-        "null means free device memory (torch.cuda.mem_get_info) x memory_fraction; a number caps it.",
+        description="KV-cache budget in MiB for schedule 'memory'. Null: free device memory "
+        "(torch.cuda.mem_get_info) x memory_fraction on GPU, the host's available memory (MemAvailable) x "
+        "memory_fraction on CPU; a number caps that. The budget used is recorded in stats.memory_budget_bytes.",
     )
     memory_fraction: float = Field(
         0.8, gt=0.0, le=1.0,
-        description="Fraction of free GPU memory the KV cache may fill when memory_budget_mb is null.",
+        description="Fraction of free device memory (GPU) or available host memory (CPU) the KV cache may fill.",
     )
 
 
