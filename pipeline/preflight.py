@@ -60,8 +60,8 @@ def model_problems(config: JobConfig) -> list[str]:
 
 def resolved(config: JobConfig) -> JobConfig:
     """The config with every `builtin:` model name replaced by its bundled folder (unknown names raise KeyError;
-    `model_problems` reports them first). The config's hash is unchanged by design: it is taken from the config as
-    the user wrote it, before this step."""
+    `model_problems` reports them first). The run's identity (its config hash, in the manifest) is taken from the
+    config as the user wrote it, not from this one, so a run folder resumes on any machine whatever its paths."""
     m = config.models
     update: dict = {"target": assets.resolve(m.target)}
     if m.draft is not None:

@@ -55,6 +55,29 @@ def test_builtin_api():
     assert "tiny-target" in str(err.value) and "demo-prompts" in str(err.value)
 
 
+def test_one_resolver_for_builtin_names_applied_before_the_workers(tmp_path):
+    """assets.resolve maps builtin: names and passes other locations through; the driver resolves a config with
+    it, and a worker handed an unresolved name says what to do instead of "does not exist"."""
+    from pipeline.preflight import resolved
+    from schemas.config import validate_config
+    from workers.loading import ModelPathError, local_model_folder
+
+    assert assets.resolve("builtin:tiny-draft") == str(builtin_path("tiny-draft"))
+    assert assets.resolve("s3://bucket/model") == "s3://bucket/model"
+    assert assets.resolve(str(tmp_path)) == str(tmp_path)
+    cfg = validate_config({"name": "x", "data": {"source": "builtin:demo-prompts"}, "output": {"path": "o"},
+                           "models": {"target": "builtin:tiny-target", "draft": "builtin:tiny-draft",
+                                      "reward": {"kind": "model", "path": "builtin:tiny-reward"}},
+                           "method": {"name": "best_of_n"}})
+    r = resolved(cfg)
+    assert (r.models.target, r.models.draft, r.models.reward.path) == tuple(
+        str(builtin_path(n)) for n in ("tiny-target", "tiny-draft", "tiny-reward"))
+    assert r.hash() != cfg.hash() and cfg.models.target == "builtin:tiny-target"  # the user's config is untouched
+    with pytest.raises(ModelPathError, match="models.target: builtin:tiny-target is a bundled asset's name"):
+        local_model_folder("builtin:tiny-target", "models.target")
+    assert local_model_folder(r.models.target, "models.target") == builtin_path("tiny-target")
+
+
 def test_assets_init_is_light():
     import subprocess
     import sys

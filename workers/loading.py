@@ -21,6 +21,9 @@ def local_model_folder(location: str, field: str) -> Path:
     """A checked model folder on this machine: a local path as given, an s3:// (or other fsspec) prefix copied to a
     local cache first. `field` names the config field (e.g. "models.target") in error messages. `builtin:` names
     are resolved by the driver before a config reaches the workers (`pipeline.preflight.resolved`)."""
+    if location.startswith("builtin:"):
+        raise ModelPathError(f"{field}: {location} is a bundled asset's name; resolve the config first "
+                             "(pipeline.preflight.resolved), as the job driver does before a worker sees it")
     if "://" in location and not location.startswith("file://"):
         path = _fetch_s3(location, field)
     else:
