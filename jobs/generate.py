@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = config_args.parse(p, argv)
         config = config_args.load(args)
-        from pipeline import job
+        from pipeline import job  # imports Ray: only once the arguments and the config are good
 
         plan = job.check(config, args.overwrite)
     except (config_args.ArgumentError, ConfigError, InputError) as err:
@@ -32,10 +32,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from pipeline.prompts import load_prompts
     from pipeline.raydata import short_error
-    from pipeline.run import connect
 
     try:
-        print(f"{PROG}: {connect()}", flush=True)
+        print(f"{PROG}: {job.connect()}", flush=True)
     except (ConnectionError, RuntimeError, ValueError) as err:  # RAY_ADDRESS points nowhere, Ray cannot start
         print(f"{PROG}: cannot connect to or start Ray: {short_error(err)}", file=sys.stderr)
         return EXIT_RUNTIME

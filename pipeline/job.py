@@ -1,28 +1,45 @@
-"""A generate job from a validated config to a checked run folder: the steps `winnow generate` wires together.
+"""A generate job from a validated config to a checked run folder: what `winnow generate` wires together.
 
 1. `check`: the model folders and the run folder (a folder holding another config's run is refused). Nothing is
    written; every problem raises `schemas.base.InputError` (exit 2).
-2. `connect` to Ray (`pipeline.run.connect`), then `load_prompts` (`pipeline.prompts`) unless a resumed folder
-   already holds prompts.parquet. Still nothing written.
-3. `execute`: write manifest.json (status running) and prompts.parquet, run the Ray Data pipeline
-   (`pipeline.run.run`: an actor pool of trios; rows stream into candidates/*.parquet, checkpointed), then count
+2. `connect` to Ray, then `pipeline.prompts.load_prompts` unless a resumed folder already holds prompts.parquet.
+   Still nothing written.
+3. `execute`: write manifest.json (status running) and prompts.parquet, `run` the Ray Data pipeline, then count
    what was written, check that every prompt is there exactly once and rewrite the manifest (succeeded or failed).
+
+The pipeline (`run`) is
+
+    read_parquet(prompts.parquet) -> [CheckpointFilter] -> map_batches(GenerateBatch, actor pool) -> write_parquet
+
+Each actor of the pool holds one `GenerateBatch`, which loads the draft/target/reward trio once
+(`workers.runner.Runner`) and turns each batch of prompts into output rows, one per prompt, in order; a prompt whose
+`input_error` is set becomes an error row without reaching the engine. Exactly once comes from Ray Data's
+checkpointing (`ray.data.checkpoint.CheckpointConfig`, keyed on ``prompt_id``): each write task first records its
+prompt_ids in ``_checkpoint/<file>.pending.parquet``, then writes its data file, then renames the checkpoint to
+``<file>.parquet``. A later run first deletes the data files of pending checkpoints (a write cut short by a crash),
+then drops every committed prompt_id right after the read. So a prompt is in candidates/ once if its checkpoint
+committed, and is generated again otherwise.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from typing import Callable
 
 import pyarrow as pa
+import ray
+import ray.data
+from ray.data.checkpoint import CheckpointConfig
 
-from pipeline.preflight import model_problems
-from pipeline.raydata import short_error
+from pipeline.preflight import model_problems, resolved
+from pipeline.raydata import data_context, short_error
 from runfolder.folder import RunFolder, Tally, claim_problems, exactly_once_problems, pending_checkpoints, tally
 from runfolder.manifest import finish_manifest, new_manifest
 from schemas.base import InputError
-from schemas.config import JobConfig
+from schemas.config import JobConfig, validate_config
+from schemas.rows import error_row, rows_to_table
 
 
 @dataclass
@@ -61,8 +78,6 @@ def execute(plan: Plan, prompts: pa.Table | None, log: Callable[[str], None] = p
     """Step 3: write, run and check. `prompts` is the normalised prompt set, or None when the folder's own
     prompts.parquet is reused. A KeyboardInterrupt or a failed batch ends with status interrupted/failed and the
     manifest says so; rows written so far are kept for the next run."""
-    from pipeline import run as pipeline
-
     config, folder = plan.config, plan.folder
     if plan.mode == "overwrite":
         folder.clear()
@@ -86,7 +101,7 @@ def execute(plan: Plan, prompts: pa.Table | None, log: Callable[[str], None] = p
 
     try:
         if not done:
-            pipeline.run(config, folder)
+            run(config, folder)
     except KeyboardInterrupt:
         return ended("interrupted", "interrupted")
     except Exception as err:  # a failed batch: the engine raised, an actor died, a write failed
@@ -96,6 +111,113 @@ def execute(plan: Plan, prompts: pa.Table | None, log: Callable[[str], None] = p
     if problems:
         return ended("failed", "run folder is inconsistent: " + "; ".join(problems), t)
     return ended("succeeded", None, t)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The Ray Data pipeline and its actor
+
+
+def checkpoint_config(folder: RunFolder) -> CheckpointConfig:
+    return CheckpointConfig(
+        id_column="prompt_id",
+        checkpoint_path=folder.url("_checkpoint"),
+        delete_checkpoint_on_success=False,  # the next run of the same config must still skip these prompts
+        override_filesystem=folder.arrow_fs(),
+    )
+
+
+def run(config: JobConfig, folder: RunFolder) -> None:
+    """Generate every prompt of `folder`/prompts.parquet not yet written; raises if any batch fails."""
+    r = config.resources
+    with data_context(
+        checkpoint_config=checkpoint_config(folder),
+        # The V2 Parquet reader adds a ListFiles task that always asks for a whole CPU; with an actor pool holding
+        # every CPU (2 workers on a 2-core machine) it would never be scheduled. The V1 reader takes num_cpus=0.
+        use_datasource_v2=False,
+        actor_task_retry_on_errors=r.max_retries > 0,  # a batch that raised is retried at most max_retries times
+        max_errored_blocks=0,  # a batch that still fails fails the job
+    ):
+        fs = folder.arrow_fs()
+        ds = ray.data.read_parquet(folder.url("prompts.parquet"), filesystem=fs, num_cpus=0)
+        ds = ds.map_batches(
+            GenerateBatch,
+            fn_constructor_kwargs={"config": resolved(config).model_dump(mode="json")},
+            batch_size=r.prompts_per_batch,
+            batch_format="pyarrow",
+            compute=ray.data.ActorPoolStrategy(size=r.workers),
+            num_cpus=r.cpus_per_worker,
+            num_gpus=r.gpus_per_worker,
+            # Ray Data restarts dead actors and retries their batches forever by default; an engine that keeps
+            # crashing must fail the job instead. Ray 2.60 has no named parameter for these two: its own docs say
+            # `map_batches(..., max_restarts=0)`, i.e. extra keyword arguments gathered as **ray_remote_args, which
+            # it deprecates for removal in 2.64. pyproject pins ray below that, and the deprecation warning is left
+            # visible rather than filtered.
+            max_restarts=r.max_retries,
+            max_task_retries=r.max_retries,
+        )
+        ds.write_parquet(folder.url("candidates"), filesystem=fs, ray_remote_args={"num_cpus": 0})
+
+
+def connect() -> str:
+    """Join the Ray cluster the job was submitted to (RAY_ADDRESS, or a `ray start` cluster on this machine), else
+    start a local one; returns a line saying which."""
+    if ray.is_initialized():
+        return "using the Ray instance already initialised in this process"
+    address = os.environ.get("RAY_ADDRESS")
+    ray.init()
+    resources = ray.cluster_resources()
+    size = f"{resources.get('CPU', 0):g} CPUs, {resources.get('GPU', 0):g} GPUs"
+    if address:
+        return f"joined the Ray cluster at RAY_ADDRESS={address} ({size})"
+    return f"Ray at {ray.get_runtime_context().gcs_address} ({size})"
+
+
+class GenerateBatch:
+    """The actor's `map_batches` callable: ``GenerateBatch(resolved_config_dict)(prompts) -> rows``.
+
+    The Runner marks prompts it cannot run (longer than the context) as error rows and raises when the engine itself
+    fails, so the batch, and with it the job, fails loudly."""
+
+    def __init__(self, config: dict):
+        from workers.runner import Runner
+
+        self.config = validate_config(config)
+        self.method = self.config.method.name
+        reward = self.config.models.reward
+        self.with_concepts = reward is not None and reward.kind == "lexical"
+        self.runner = Runner(self.config)
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        """One output row per prompt of `batch` (`pipeline.prompts.INPUT_SCHEMA` rows), in order."""
+        prompts = batch.to_pylist()
+        out: list[dict | None] = [None] * len(prompts)
+        todo: list[int] = []
+        for i, p in enumerate(prompts):
+            if p["input_error"] is not None:
+                out[i] = error_row(p["prompt_id"], p["prompt"], self.method, p["input_error"])
+            else:
+                todo.append(i)
+        if todo:
+            inputs = []
+            for i in todo:
+                item = {"prompt_id": prompts[i]["prompt_id"], "prompt": prompts[i]["prompt"]}
+                if self.with_concepts:
+                    item["concepts"] = prompts[i]["concepts"]
+                inputs.append(item)
+            results = self.runner.run(inputs)
+            got = [r.get("prompt_id") if isinstance(r, dict) else None for r in results]
+            want = [x["prompt_id"] for x in inputs]
+            if got != want:
+                raise RuntimeError(
+                    f"workers.runner.Runner.run broke its contract: it returned rows for {got} given {want}"
+                )
+            for i, result in zip(todo, results):
+                out[i] = result
+        return rows_to_table(out)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# What the command prints
 
 
 def summary_table(t: Tally, config: JobConfig, new_rows: int, seconds: float) -> str:

@@ -98,7 +98,7 @@ def test_rows_that_cannot_run_become_error_rows(ray_session, tmp_path):
     assert generate.main([str(cfg)]) == 0
     rows = {r["prompt_id"]: r for r in rows_of(tmp_path / "run")}
     assert sorted(rows) == ["empty", "long", "no-concepts", "ok-1", "ok-1#dup1", "ok-2"]
-    assert rows["empty"]["error"] == "empty prompt"
+    assert rows["empty"]["error"] == "empty prompt: every message is blank"
     assert rows["ok-1#dup1"]["error"] == "duplicate prompt_id 'ok-1': first seen at row 0; only that one runs"
     assert rows["ok-1#dup1"]["prompt"][0]["content"] == DEMO[1]["prompt"]
     assert "the target's context is 256 tokens" in rows["long"]["error"]

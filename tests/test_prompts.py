@@ -1,4 +1,4 @@
-"""Reading and normalising prompt datasets (jobs/sources.py)."""
+"""Reading and normalising prompt datasets (pipeline/prompts.py)."""
 
 from __future__ import annotations
 
