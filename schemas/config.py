@@ -27,7 +27,9 @@ class DataConfig(Strict):
     id_column: str | None = Field(
         None, description="Column holding a unique prompt id; null makes prompt_id a stable hash of the prompt."
     )
-    limit: int | None = Field(None, ge=1, description="Keep only the first N rows; null keeps all.")
+    limit: int | None = Field(
+        None, ge=1, description="Keep only the first N rows of the source (prompts); null keeps all."
+    )
 
 
 class ModelReward(Strict):
@@ -37,13 +39,15 @@ class ModelReward(Strict):
         "tokenizer; prompt and response are rendered with that tokenizer's chat template."
     )
     batch_tokens: int = Field(
-        8192, ge=64, description="Token budget of one scoring batch (rows x padded length)."
+        8192, ge=64, description="Token budget of one scoring batch (sequences x padded length)."
     )
 
 
 class LogprobReward(Strict):
     kind: Literal["logprob"] = Field(description="Mean token log-probability of the response under the target.")
-    batch_tokens: int = Field(8192, ge=64, description="Token budget of one scoring batch (rows x padded length).")
+    batch_tokens: int = Field(
+        8192, ge=64, description="Token budget of one scoring batch (sequences x padded length)."
+    )
 
 
 class LexicalReward(Strict):
