@@ -141,7 +141,8 @@ def run(config: JobConfig, folder: RunFolder) -> None:
         ds = ray.data.read_parquet(folder.url("prompts.parquet"), filesystem=fs, num_cpus=0)
         ds = ds.map_batches(
             GenerateBatch,
-            fn_constructor_kwargs={"config": resolved(config).model_dump(mode="json")},
+            fn_constructor_kwargs={"config": resolved(config).model_dump(mode="json"), "run_name": config.name,
+                                   "config_hash": config.hash()},
             batch_size=r.prompts_per_batch,
             batch_format="pyarrow",
             compute=ray.data.ActorPoolStrategy(size=r.workers),
@@ -173,15 +174,17 @@ def connect() -> str:
 
 
 class GenerateBatch:
-    """The actor's `map_batches` callable: ``GenerateBatch(resolved_config_dict)(prompts) -> rows``.
+    """The actor's `map_batches` callable: ``GenerateBatch(resolved_config_dict, name, hash)(prompts) -> rows``;
+    every row says which run it came from (`run_name`, `config_hash`).
 
     The Runner marks prompts it cannot run (longer than the context) as error rows and raises when the engine itself
     fails, so the batch, and with it the job, fails loudly."""
 
-    def __init__(self, config: dict):
+    def __init__(self, config: dict, run_name: str, config_hash: str):
         from workers.runner import Runner
 
         self.config = validate_config(config)
+        self.source = {"run_name": run_name, "config_hash": config_hash}  # the user's config's, not the resolved one's
         self.method = self.config.method.name
         reward = self.config.models.reward
         self.with_concepts = reward is not None and reward.kind == "lexical"
@@ -213,6 +216,8 @@ class GenerateBatch:
                 )
             for i, result in zip(todo, results):
                 out[i] = result
+        for row in out:
+            row.update(self.source)
         return rows_to_table(out)
 
 

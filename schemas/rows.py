@@ -81,6 +81,8 @@ ROW_SCHEMA = pa.schema(
         ("cost", COST),
         ("stats", STATS),
         ("error", pa.string()),
+        ("run_name", pa.string()),
+        ("config_hash", pa.string()),
     ]
 )
 
@@ -114,6 +116,10 @@ COLUMN_MEANINGS: dict[str, str] = {
     "cost.device_seconds": "the prompt's share of the batch's device time (GPUs held, or 1 on CPU, x wall time)",
     "stats": "per-method measures (below); a field a method does not measure is null",
     "error": "why the prompt could not run (an error row has no candidates), or null",
+    "run_name": "the run's `name`, so rows pooled from several runs say which run they came from (null in runs "
+    "written before this column)",
+    "config_hash": "the run's config hash (as in manifest.json): two runs of one name with different configs differ "
+    "here (null in runs written before this column)",
 }
 
 

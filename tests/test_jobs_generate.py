@@ -48,6 +48,7 @@ def test_quickstart_on_two_local_workers(tmp_path):
         assert r["error"] is None and r["method"] == "speculative_rejection"
         assert len(r["candidates"]) == m["config"]["method"]["n"]
         assert r["best_text"] == r["candidates"][r["best_index"]]["text"]
+        assert (r["run_name"], r["config_hash"]) == ("quickstart", m["config_hash"])  # which run, on every row
     rejected = [c for r in rows for c in r["candidates"] if c["finish_reason"] == "rejected"]
     assert rejected and all(c["reward"] is None for c in rejected)  # Speculative Rejection did cut candidates
     assert (m["status"], m["rows"], m["errors"], m["name"]) == ("succeeded", 6, 0, "quickstart")
