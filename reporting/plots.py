@@ -1,99 +1,374 @@
 """The report's PNG plots, drawn with matplotlib's object API (Agg canvas, no pyplot state, no display needed).
 
-Each function takes plain numbers and returns PNG bytes, so the report can write them to any filesystem.
+Each plot has a ``*_figure`` function that takes plain numbers and returns the matplotlib Figure (tests count its
+marks: artists carry a ``gid`` such as ``run:LABEL``, ``frontier``, ``iso:K``), and a function of the same name
+without ``_figure`` that returns PNG bytes, so the report can write them to any filesystem. Every mark has a
+legend entry; run labels are placed where they overlap no other label, marker or error bar (`place_labels`).
 """
 
 from __future__ import annotations
 
 import io
+import math
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+from matplotlib.ticker import FuncFormatter
+from matplotlib.transforms import Bbox, ScaledTranslation
 
 DPI = 110
-
-
-def stacked(points: list[dict], i: int) -> int:
-    """How many earlier points lie within 3% of the axes' spans of point i (its label's row above the point)."""
-    xs, ys = [p["usd_mean"] for p in points], [p["reward_mean"] for p in points]
-    dx, dy = (max(xs) - min(xs)) or 1.0, (max(ys) - min(ys)) or 1.0
-    return sum(abs(xs[j] - xs[i]) < 0.03 * dx and abs(ys[j] - ys[i]) < 0.03 * dy for j in range(i))
+FONT = 8
 
 
 def _png(fig: Figure) -> bytes:
-    FigureCanvasAgg(fig)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight")
     return buf.getvalue()
 
 
-def reward_vs_compute(points: list[dict], baseline: str) -> bytes:
-    """(a) One point per run: mean best reward against mean USD per prompt, error bars = std across prompts.
+def _new_figure(width: float, height: float) -> Figure:
+    fig = Figure(figsize=(width, height), dpi=DPI)
+    FigureCanvasAgg(fig)
+    return fig
 
-    points: dicts with label, method, usd_mean, usd_std, reward_mean, reward_std.
+
+# ---------------------------------------------------------------------------------------------------------------
+# Placing labels without collisions
+
+
+def _ring(step: float) -> list[tuple[float, float]]:
+    return [(step, step), (step, -step), (-step, step), (-step, -step), (step, 0), (-step, 0), (0, step),
+            (0, -step)]
+
+
+OFFSETS = [o for step in (7, 15, 26, 40, 56) for o in _ring(step)]  # points, nearest first
+
+
+def place_labels(ax, anchors: list[tuple[float, float, str, str]], obstacles: list[Bbox], fontsize: float = FONT,
+                 color: str = "black") -> list:
+    """Annotate each anchor (x, y, text, gid) in data coordinates at the first offset in OFFSETS whose text box
+    overlaps no earlier label and no obstacle (display-space boxes) and stays inside the axes; a label moved past
+    the first ring gets a thin leader line. Returns the annotations. Needs the axes' limits to be final."""
+    fig = ax.figure
+    renderer = fig.canvas.get_renderer()
+    frame = ax.get_window_extent(renderer)
+    placed: list[Bbox] = []
+    out = []
+    for x, y, text, gid in anchors:
+        best = None
+        for k, (dx, dy) in enumerate(OFFSETS):
+            ha = "left" if dx > 0 else "right" if dx < 0 else "center"
+            va = "bottom" if dy > 0 else "top" if dy < 0 else "center"
+            ann = ax.annotate(text, (x, y), textcoords="offset points", xytext=(dx, dy), ha=ha, va=va,
+                              fontsize=fontsize, color=color, gid=gid,
+                              arrowprops=None if k < 8 else {"arrowstyle": "-", "color": "0.5", "lw": 0.6})
+            box = ann.get_window_extent(renderer).padded(2)
+            inside = (box.x0 >= frame.x0 and box.x1 <= frame.x1 and box.y0 >= frame.y0 and box.y1 <= frame.y1)
+            if inside and not any(box.overlaps(b) for b in placed + obstacles):
+                best = (ann, box)
+                break
+            ann.remove()
+        if best is None:  # nowhere free: the first offset, drawn anyway
+            ann = ax.annotate(text, (x, y), textcoords="offset points", xytext=OFFSETS[0], fontsize=fontsize,
+                              color=color, gid=gid)
+            best = (ann, ann.get_window_extent(renderer).padded(2))
+        placed.append(best[1])
+        out.append(best[0])
+    return out
+
+
+def _marker_box(ax, x: float, y: float, size_pt: float, dx_pt: float = 0.0) -> Bbox:
+    px, py = ax.transData.transform((x, y))
+    half = size_pt / 2 * ax.figure.dpi / 72
+    px += dx_pt * ax.figure.dpi / 72
+    return Bbox([[px - half, py - half], [px + half, py + half]])
+
+
+def _bar_box(ax, x: float, low: float, high: float, dx_pt: float = 0.0) -> Bbox:
+    (px, p0), (_, p1) = ax.transData.transform([(x, low), (x, high)])
+    px += dx_pt * ax.figure.dpi / 72
+    return Bbox([[px - 3, min(p0, p1)], [px + 3, max(p0, p1)]])
+
+
+def _dodges(ax, xy: list[tuple[float, float]], near_px: float = 8.0, step_pt: float = 6.0) -> list[float]:
+    """Horizontal offsets (points) that spread points drawn on (nearly) the same spot, so each one's error bar
+    stays visible: 0 for a point alone, then +step, -step, +2 step... for the later ones of a group."""
+    disp = ax.transData.transform(xy)
+    out = []
+    for i, (px, py) in enumerate(disp):
+        k = sum(1 for j in range(i) if abs(disp[j][0] - px) < near_px and abs(disp[j][1] - py) < near_px)
+        out.append(0.0 if k == 0 else step_pt * ((k + 1) // 2) * (1 if k % 2 else -1))
+    return out
+
+
+def _limits(values: list[float], pad: float = 0.08, floor: float | None = None) -> tuple[float, float]:
+    lo, hi = min(values), max(values)
+    span = (hi - lo) or (abs(hi) or 1.0) * 0.2
+    lo, hi = lo - pad * span, hi + pad * span
+    if floor is not None:
+        lo = max(lo, floor)
+    return lo, hi
+
+
+def nice_levels(values: list[float], most: int = 4) -> list[float]:
+    """Up to `most` round numbers (1, 2, 5 x 10^k) spread over the range of the positive values, for reference
+    lines; [] when none is positive."""
+    pos = sorted(v for v in values if v is not None and v > 0 and math.isfinite(v))
+    if not pos:
+        return []
+    lo, hi = pos[0] / 2, pos[-1] * 1.5
+    cands = [m * 10.0 ** e for e in range(math.floor(math.log10(lo)) - 1, math.ceil(math.log10(hi)) + 1)
+             for m in (1, 2, 5) if lo <= m * 10.0 ** e <= hi]
+    if len(cands) <= most:
+        return cands
+    picks = [cands[round(i * (len(cands) - 1) / (most - 1))] for i in range(most)]
+    return sorted(set(picks))
+
+
+def _usd_tick(v: float, _pos=None) -> str:
+    return "$0" if v == 0 else f"${v:.2g}"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# (a) Mean best reward against USD per prompt: the cost-reward frontier
+
+
+def reward_vs_cost_figure(points: list[dict], frontier: list[str], single_sample: float | None = None,
+                          baseline_reward: float | None = None, usd_per_device_hour: float | None = None,
+                          prompts: int | None = None) -> Figure:
+    """One point per run at (USD per prompt, mean best reward) with its bootstrap interval as error bar; the
+    frontier as a line through its runs (cheapest first); the baseline's single-sample reward and mean best reward
+    as levels; lines of equal reward gained per USD, (reward - single_sample) / USD, through (0, single_sample).
+
+    points: dicts with label, method, usd, reward, low, high, on_frontier, is_baseline, below_baseline.
+    usd_per_device_hour: the price shared by every run, if one; then a top axis shows device-seconds per prompt.
     """
-    fig = Figure(figsize=(7.5, 5))
+    fig = _new_figure(10.5, 5.6)
     ax = fig.add_subplot()
-    for i, p in enumerate(points):
-        marker = "*" if p["label"] == baseline else "o"
-        ax.errorbar(p["usd_mean"], p["reward_mean"], xerr=p["usd_std"], yerr=p["reward_std"], fmt=marker,
-                    markersize=12 if marker == "*" else 8, capsize=4, color=f"C{i % 10}",
-                    label=f"{p['label']} ({p['method']})" + (" - baseline" if p["label"] == baseline else ""))
-        # labels of runs that land on nearly the same point are stacked rather than drawn over each other
-        ax.annotate(p["label"], (p["usd_mean"], p["reward_mean"]), textcoords="offset points",
-                    xytext=(6, 6 + 12 * stacked(points, i)), fontsize=9)
-    usds = [p["usd_mean"] for p in points if p["usd_mean"] > 0]
-    if usds and max(usds) / min(usds) > 20:
+    fig.subplots_adjust(left=0.09, right=0.66, bottom=0.11, top=0.86)
+    xs = [p["usd"] for p in points]
+    ys = [v for p in points for v in (p["low"], p["high"], p["reward"])]
+    ys += [v for v in (single_sample, baseline_reward) if v is not None]
+    log_x = min(xs) > 0 and max(xs) / min(xs) > 20
+    if log_x:
         ax.set_xscale("log")
-    ax.set_xlabel("USD per prompt (mean; bars: std across prompts)")
-    ax.set_ylabel("best reward (mean; bars: std across prompts)")
-    ax.set_title("Reward against compute, one point per run")
+        x0, x1 = min(xs) / 1.6, max(xs) * 1.6
+    else:
+        x0, x1 = 0.0, max(xs) * 1.22 or 1.0
+    y0, y1 = _limits(ys, pad=0.12)
+    ax.set_xlim(x0, x1)
+    ax.set_ylim(y0, y1)
+
+    handles = []
+    if single_sample is not None:
+        handles.append(ax.axhline(single_sample, color="0.35", ls=":", lw=1.2, gid="baseline-single-sample",
+                                  label="baseline's single-sample reward (one sample, no selection)"))
+    if baseline_reward is not None:
+        handles.append(ax.axhline(baseline_reward, color="0.35", ls="--", lw=0.9, gid="baseline-reward",
+                                  label="baseline's mean best reward (below it: below the baseline)"))
+    iso_labels = []
+    if single_sample is not None:
+        gains = [(p["reward"] - single_sample) / p["usd"] for p in points if p["usd"] > 0]
+        levels = nice_levels(gains)
+        n = 200
+        grid = [x0 * (x1 / x0) ** (i / n) for i in range(n + 1)] if log_x else [x1 * i / n for i in range(n + 1)]
+        for j, k in enumerate(levels):
+            line = ax.plot(grid, [single_sample + k * x for x in grid], color="0.75", lw=0.8, ls="-", zorder=0,
+                           gid=f"iso:{k:g}", label="equal reward gained per USD (value at the line's end)"
+                           if j == 0 else "_nolegend_")[0]
+            if j == 0:
+                handles.append(line)
+            # the line's end inside the axes: the right edge, or the top edge where it leaves earlier
+            xe = x1 if single_sample + k * x1 <= y1 else (y1 - single_sample) / k
+            if xe > x0:
+                iso_labels.append((xe, single_sample + k * xe, f"{k:g} / USD", f"iso-label:{k:g}"))
+
+    front = sorted((p for p in points if p["label"] in frontier), key=lambda p: frontier.index(p["label"]))
+    handles.append(ax.plot([p["usd"] for p in front], [p["reward"] for p in front], color="C3", lw=1.8, zorder=1,
+                           gid="frontier", label="cost-reward frontier (no run is cheaper and better)")[0])
+
+    dodge = _dodges(ax, [(p["usd"], p["reward"]) for p in points])
+    obstacles = []
+    for i, (p, dx) in enumerate(zip(points, dodge)):
+        star = p.get("is_baseline")
+        size = 13 if star else 8
+        color = f"C{i % 10}" if i % 10 != 3 else "C9"  # C3 is the frontier's
+        tags = [t for t, on in (("baseline", star), ("frontier", p["on_frontier"]),
+                                ("dominated", not p["on_frontier"]), ("below baseline", p.get("below_baseline")))
+                if on]
+        c = ax.errorbar([p["usd"]], [p["reward"]], yerr=[[p["reward"] - p["low"]], [p["high"] - p["reward"]]],
+                        fmt="*" if star else "o", markersize=size, capsize=4, color=color, zorder=3,
+                        markerfacecolor=color if p["on_frontier"] else "white", markeredgewidth=1.5,
+                        transform=ax.transData + ScaledTranslation(dx / 72, 0, fig.dpi_scale_trans),
+                        label=f"{p['label']} ({p['method']}): {', '.join(tags)}")
+        c.lines[0].set_gid(f"run:{p['label']}")  # the marker; the caps and bar get their own gids
+        for cap in c.lines[1]:
+            cap.set_gid(f"cap:{p['label']}")
+        for bar in c.lines[2]:
+            bar.set_gid(f"bar:{p['label']}")
+        handles.append(c)
+        obstacles += [_marker_box(ax, p["usd"], p["reward"], size, dx), _bar_box(ax, p["usd"], p["low"], p["high"], dx)]
+    handles.append(Line2D([], [], ls="none", marker="o", markerfacecolor="white", markeredgecolor="0.3",
+                          label="open marker: dominated run; bars: 95% bootstrap interval over prompts"))
+    place_labels(ax, iso_labels, obstacles, fontsize=7, color="0.45")
+    iso_boxes = [t.get_window_extent(fig.canvas.get_renderer()).padded(2) for t in ax.texts]
+    order = sorted(range(len(points)), key=lambda i: points[i]["usd"])
+    place_labels(ax, [(points[i]["usd"], points[i]["reward"], points[i]["label"], f"label:{points[i]['label']}")
+                      for i in order], obstacles + iso_boxes)
+
+    ax.xaxis.set_major_formatter(FuncFormatter(_usd_tick))
+    ax.set_xlabel("USD per prompt (device-seconds / 3600 x USD per device-hour)")
+    ax.set_ylabel("mean best reward (reward model's units)")
+    if usd_per_device_hour:
+        per_s = usd_per_device_hour / 3600.0
+        top = ax.secondary_xaxis("top", functions=(lambda u: u / per_s, lambda s: s * per_s))
+        top.set_xlabel(f"device-seconds per prompt (at ${usd_per_device_hour:g} per device-hour)", fontsize=9)
+    where = f", {prompts} prompts every run completed" if prompts else ""
+    ax.set_title(f"Mean best reward against USD per prompt: the cost-reward frontier{where}", fontsize=10, pad=28)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8, loc="best")
-    return _png(fig)
+    ax.legend(handles=handles, fontsize=7.5, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0,
+              frameon=False)
+    return fig
+
+
+def reward_vs_cost(*args, **kwargs) -> bytes:
+    """PNG of reward_vs_cost_figure."""
+    return _png(reward_vs_cost_figure(*args, **kwargs))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# (b) Paper 001's view: improvement score against relative compute
+
+
+def improvement_vs_relative_compute_figure(points: list[dict], baseline: str) -> Figure:
+    """One point per run at (relative compute, improvement score) against the baseline (paper 001, figure 3).
+
+    points: dicts with label, method, relative_compute, improvement_score, below_baseline.
+    """
+    fig = _new_figure(10.0, 5.2)
+    ax = fig.add_subplot()
+    fig.subplots_adjust(left=0.09, right=0.64, bottom=0.11, top=0.9)
+    xs = [p["relative_compute"] for p in points]
+    ys = [p["improvement_score"] for p in points] + [0.0, 100.0]
+    log_x = min(xs) > 0 and max(xs) / min(xs) > 20
+    if log_x:
+        ax.set_xscale("log")
+        ax.set_xlim(min(xs) / 1.6, max(xs) * 1.6)
+    else:
+        ax.set_xlim(0.0, max(max(xs) * 1.2, 1.2))
+    ax.set_ylim(*_limits(ys, pad=0.12))
+    handles = [
+        ax.axhline(100.0, color="0.35", ls="--", lw=0.9, gid="score-100",
+                   label=f"100: as good as the best of {baseline}'s samples"),
+        ax.axhline(0.0, color="0.35", ls=":", lw=1.2, gid="score-0",
+                   label=f"0: as bad as the worst of {baseline}'s samples"),
+        ax.axvline(1.0, color="0.6", ls="-.", lw=0.9, gid="compute-1", label=f"relative compute 1: {baseline}'s cost"),
+    ]
+    dodge = _dodges(ax, [(p["relative_compute"], p["improvement_score"]) for p in points])
+    obstacles = []
+    for i, (p, dx) in enumerate(zip(points, dodge)):
+        star = p["label"] == baseline
+        size = 13 if star else 8
+        below = " (below the baseline's reward)" if p.get("below_baseline") else ""
+        line = ax.plot([p["relative_compute"]], [p["improvement_score"]], ls="none", marker="*" if star else "o",
+                       markersize=size, color=f"C{i % 10}", zorder=3, gid=f"run:{p['label']}",
+                       transform=ax.transData + ScaledTranslation(dx / 72, 0, fig.dpi_scale_trans),
+                       label=f"{p['label']} ({p['method']}){' - baseline' if star else below}")[0]
+        handles.append(line)
+        obstacles.append(_marker_box(ax, p["relative_compute"], p["improvement_score"], size, dx))
+    order = sorted(range(len(points)), key=lambda i: points[i]["relative_compute"])
+    place_labels(ax, [(points[i]["relative_compute"], points[i]["improvement_score"], points[i]["label"],
+                       f"label:{points[i]['label']}") for i in order], obstacles)
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}x"))
+    ax.set_xlabel(f"relative compute (device-seconds per prompt / {baseline}'s; paper 001 eq. 7)")
+    ax.set_ylabel("improvement score (paper 001 eq. 8)")
+    ax.set_title(f"Improvement score against relative compute, baseline {baseline}", fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(handles=handles, fontsize=7.5, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0,
+              frameon=False)
+    return fig
+
+
+def improvement_vs_relative_compute(*args, **kwargs) -> bytes:
+    """PNG of improvement_vs_relative_compute_figure."""
+    return _png(improvement_vs_relative_compute_figure(*args, **kwargs))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# (c) Distribution of best rewards, (d) partial against final reward, (e) correlation histograms
+
+
+def best_reward_distribution_figure(series: list[tuple[str, list[float]]]) -> Figure:
+    """Box plot of the per-prompt best rewards of each run (label, rewards)."""
+    fig = _new_figure(max(6.5, 1.4 * len(series) + 3.5), 4.5)
+    ax = fig.add_subplot()
+    parts = ax.boxplot([s for _, s in series], showmeans=True)
+    ax.set_xticks(range(1, len(series) + 1), [label for label, _ in series], rotation=20, ha="right", fontsize=9)
+    ax.set_ylabel("best reward of a prompt (reward model's units)")
+    ax.set_title("Best reward per prompt, by run", fontsize=10)
+    ax.grid(True, axis="y", alpha=0.3)
+    handles = [Patch(facecolor="none", edgecolor="black", label="box: 25th to 75th percentile"),
+               Line2D([], [], color=parts["medians"][0].get_color(), label="line: median"),
+               Line2D([], [], ls="none", marker=parts["means"][0].get_marker(),
+                      color=parts["means"][0].get_markerfacecolor(), label="triangle: mean"),
+               Line2D([], [], color="black", label="whiskers: furthest prompt within 1.5 x the box")]
+    if any(len(f.get_xdata()) for f in parts["fliers"]):
+        handles.append(Line2D([], [], ls="none", marker="o", markerfacecolor="none", markeredgecolor="black",
+                              label="circle: a prompt beyond the whiskers"))
+    ax.legend(handles=handles, fontsize=7.5, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)
+    return fig
 
 
 def best_reward_distribution(series: list[tuple[str, list[float]]]) -> bytes:
-    """(b) Box plot of the per-prompt best rewards of each run (label, rewards)."""
-    fig = Figure(figsize=(max(5.0, 1.4 * len(series) + 2), 4.5))
-    ax = fig.add_subplot()
-    ax.boxplot([s for _, s in series], showmeans=True)
-    ax.set_xticks(range(1, len(series) + 1), [label for label, _ in series], rotation=20, ha="right", fontsize=9)
-    ax.set_ylabel("best reward per prompt")
-    ax.set_title("Distribution of best rewards per run (triangle: mean)")
-    ax.grid(True, axis="y", alpha=0.3)
-    return _png(fig)
+    """PNG of best_reward_distribution_figure."""
+    return _png(best_reward_distribution_figure(series))
 
 
-def partial_vs_final(points: dict[int, tuple[list[float], list[float]]], title: str) -> bytes:
-    """(c) Partial reward at each decision against final reward, for the candidates of one prompt.
+def partial_vs_final_figure(points: dict[int, tuple[list[float], list[float]]], title: str) -> Figure:
+    """Partial reward at each decision against final reward, for the candidates of one prompt.
 
     points: decision index -> (partial rewards, final rewards). The candidate(s) with the highest final reward
     are ringed in red, as in paper 001's figure 2.
     """
-    fig = Figure(figsize=(6.5, 5))
+    fig = _new_figure(6.5, 5)
     ax = fig.add_subplot()
     top = max(y for _, ys in points.values() for y in ys)
+    ringed = False
     for d, (xs, ys) in sorted(points.items()):
-        ax.scatter(xs, ys, s=22, alpha=0.75, color=f"C{d % 10}", label=f"decision {d}")
+        ax.scatter(xs, ys, s=22, alpha=0.75, color=f"C{d % 10}", label=f"decision {d}", gid=f"decision:{d}")
         best = [(x, y) for x, y in zip(xs, ys) if y == top]
-        ax.scatter([x for x, _ in best], [y for _, y in best], s=90, facecolors="none", edgecolors="red")
+        ax.scatter([x for x, _ in best], [y for _, y in best], s=90, facecolors="none", edgecolors="red",
+                   label="_nolegend_" if ringed else "highest final reward of the prompt")
+        ringed = True
     ax.set_xlabel("partial reward at the decision token")
     ax.set_ylabel("final reward")
     ax.set_title(title, fontsize=10)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
-    return _png(fig)
+    return fig
 
 
-def correlation_histograms(pearson: list[float], kendall: list[float], title: str) -> bytes:
+def partial_vs_final(points: dict[int, tuple[list[float], list[float]]], title: str) -> bytes:
+    """PNG of partial_vs_final_figure."""
+    return _png(partial_vs_final_figure(points, title))
+
+
+def correlation_histograms_figure(pearson: list[float], kendall: list[float], title: str) -> Figure:
     """Histograms over prompts of Pearson's r and Kendall's tau (paper 001, figure 4)."""
-    fig = Figure(figsize=(9, 3.8))
+    fig = _new_figure(9, 3.8)
     for i, (name, values) in enumerate((("Pearson r", pearson), ("Kendall tau", kendall))):
         ax = fig.add_subplot(1, 2, i + 1)
-        ax.hist(values, bins=20, range=(-1, 1), color=f"C{i}", alpha=0.85)
+        ax.hist(values, bins=20, range=(-1, 1), color=f"C{i}", alpha=0.85, label=f"prompts by {name}")
         ax.set_xlabel(name)
         ax.set_ylabel("prompts")
         ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8, loc="upper left")
     fig.suptitle(title, fontsize=10)
-    return _png(fig)
+    return fig
+
+
+def correlation_histograms(pearson: list[float], kendall: list[float], title: str) -> bytes:
+    """PNG of correlation_histograms_figure."""
+    return _png(correlation_histograms_figure(pearson, kendall, title))

@@ -16,6 +16,10 @@ i.e. finish_reason ``eos`` or ``length`` with a final reward, and Y is the compa
   matched prompts divided by the mean USD per prompt over the same prompts; the report ranks runs by it.
   **USD per unit reward gained** is its inverse, defined only where the mean gain is positive.
 - **USD** of a prompt: ``device_seconds / 3600 * cost.usd_per_device_hour`` of that run's manifest.
+- **bootstrap interval** of a mean over prompts: the percentile interval (2.5th and 97.5th percentiles) of the
+  mean over ``BOOTSTRAP_RESAMPLES`` resamples of the prompts with replacement, drawn by numpy's ``default_rng``
+  with the fixed ``BOOTSTRAP_SEED`` (the same report from the same runs). Runs compared on the same prompts are
+  resampled with the same prompt draws (a paired bootstrap).
 - **partial/final reward correlation** (paper 001, appendix B): for one prompt and one decision index d, Pearson's
   r and Kendall's tau (scipy's tau-b, equal to the paper's definition when there are no ties) between the
   candidates' partial reward at decision d and their final reward, over candidates that have both. Candidates
@@ -36,6 +40,10 @@ from runfolder.runs import Run
 
 FINISHED = ("eos", "length")
 MIN_CORRELATION_POINTS = 3
+BOOTSTRAP_RESAMPLES = 2000
+BOOTSTRAP_LEVEL = 0.95
+BOOTSTRAP_SEED = 0
+_BOOTSTRAP_CHUNK = 250  # resamples drawn at once, so memory stays ~ runs x chunk x prompts
 
 
 def _mean(xs):
@@ -49,6 +57,33 @@ def _spread(xs: list[float]) -> dict:
     a = np.asarray(xs, dtype=float)
     return {"mean": float(a.mean()), "std": float(a.std()), "median": float(np.median(a)),
             "q25": float(np.percentile(a, 25)), "q75": float(np.percentile(a, 75)), "n": int(a.size)}
+
+
+def bootstrap_intervals(values: np.ndarray, resamples: int = BOOTSTRAP_RESAMPLES, level: float = BOOTSTRAP_LEVEL,
+                        seed: int = BOOTSTRAP_SEED) -> np.ndarray:
+    """Percentile bootstrap intervals of the mean over prompts, one per row of values [R, P] (runs x prompts).
+
+    Every row is resampled with the same prompt indices (paired), drawn from ``default_rng(seed)``, so the result
+    depends only on the values and the arguments. Returns [R, 2] (low, high); P = 1 gives the value itself.
+    """
+    values = np.asarray(values, dtype=float)  # [R, P]
+    if values.ndim != 2 or values.shape[1] == 0:
+        raise ValueError(f"bootstrap_intervals needs a [runs, prompts] array with prompts >= 1; got {values.shape}")
+    rng = np.random.default_rng(seed)
+    n = values.shape[1]
+    means = []
+    for start in range(0, resamples, _BOOTSTRAP_CHUNK):
+        idx = rng.integers(0, n, size=(min(_BOOTSTRAP_CHUNK, resamples - start), n))  # [b, P]
+        means.append(values[:, idx].mean(axis=2))  # [R, b]
+    tail = 100.0 * (1.0 - level) / 2.0
+    return np.percentile(np.concatenate(means, axis=1), [tail, 100.0 - tail], axis=1).T  # [R, 2]
+
+
+def mean_interval(xs: list[float]) -> list[float] | None:
+    """[low, high] bootstrap interval of the mean of xs (see bootstrap_intervals); None when xs is empty."""
+    if not xs:
+        return None
+    return [float(v) for v in bootstrap_intervals(np.asarray([xs], dtype=float))[0]]
 
 
 def usd(device_seconds: float, usd_per_device_hour: float) -> float:
@@ -71,8 +106,9 @@ def run_summary(run: Run) -> dict:
 
     Per-prompt means are over the prompts without an error; totals (device-seconds, USD) include errored rows.
     ``usd_per_reward`` (USD per prompt / mean best reward) is only defined when the mean best reward is positive.
+    ``mean_best_reward_interval`` is its bootstrap interval over the run's prompts (ordered by prompt_id).
     """
-    good = list(ok_rows(run).values())
+    good = [r for _, r in sorted(ok_rows(run).items())]
     price = run.usd_per_device_hour
     best = [r["best_reward"] for r in good if r["best_reward"] is not None]
     seconds = [r["cost"]["device_seconds"] for r in good]
@@ -82,6 +118,7 @@ def run_summary(run: Run) -> dict:
         "superseded_error_rows": run.superseded_errors,
         "best_reward": _spread(best),
         "mean_best_reward": _mean(best),
+        "mean_best_reward_interval": mean_interval(best),
         "generated_tokens_per_prompt": _mean([sum(c["num_tokens"] or 0 for c in r["candidates"]) for r in good]),
         "target_tokens_per_prompt": _mean([r["cost"]["target_tokens"] for r in good]),
         "draft_tokens_per_prompt": _mean([r["cost"]["draft_tokens"] for r in good]),

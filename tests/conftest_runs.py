@@ -186,3 +186,37 @@ def synthetic_runs(root: str, prompts: int = 40, seed: int = 0) -> list[str]:
             rows[3] = err_row("p003", method)
         uris.append(write_run(posixpath.join(root, name), rows, name=name, method=method, method_params=params))
     return uris
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Hand-made runs whose cost-reward frontier is known (for the frontier tests).
+
+FRONTIER_PRICE = 36.0  # USD per device-hour: 1 device-second = $0.01
+FRONTIER_SPREAD = [-0.2, -0.15, -0.1, -0.05, 0.0, 0.05, 0.1, 0.15, 0.2, 0.0]  # per-prompt offsets, mean 0
+
+
+def frontier_runs(root: str) -> dict[str, str]:
+    """Five runs over the same 10 prompts; name -> URI. Best reward of prompt i = level + FRONTIER_SPREAD[i],
+    device-seconds constant per run (so USD per prompt = device-seconds x $0.01):
+
+    | run       | level | device-s | verdict                                                                  |
+    |-----------|-------|----------|--------------------------------------------------------------------------|
+    | bon       | 1.0   | 2        | the baseline; frontier point 2                                           |
+    | cheap-low | 0.4   | 1        | frontier point 1 (cheapest), below the baseline, outside its interval    |
+    | dominated | 0.5   | 3        | dominated by bon only (cheap-low has less reward), below the baseline    |
+    | tie-a     | 2.0   | 4        | frontier point 3                                                         |
+    | tie-b     | 2.01  | 5        | frontier point 4; tie-a and tie-b are within each other's intervals      |
+
+    The baseline's candidates per prompt are its best and one 1.0 below it, so its single-sample reward is 0.5.
+    """
+    levels = {"bon": (1.0, 2.0), "cheap-low": (0.4, 1.0), "dominated": (0.5, 3.0), "tie-a": (2.0, 4.0),
+              "tie-b": (2.01, 5.0)}
+    out = {}
+    for name, (level, seconds) in levels.items():
+        rows = []
+        for i, d in enumerate(FRONTIER_SPREAD):
+            best = level + d
+            cands = [cand(f"{name} p{i} best", best), cand(f"{name} p{i} other", best - 1.0)]
+            rows.append(row(f"p{i:02d}", cands, device_seconds=seconds))
+        out[name] = write_run(posixpath.join(root, name), rows, name=name, usd_per_device_hour=FRONTIER_PRICE)
+    return out

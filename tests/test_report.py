@@ -1,5 +1,6 @@
 """`winnow report`: paper 001's improvement score (eq. 8) and relative compute (eq. 7) on hand-made runs, reward per
-USD, partial/final reward correlation, the files it writes, and bad input."""
+USD, the cost-reward frontier and its bootstrap intervals on runs whose frontier is known, the plots' marks,
+partial/final reward correlation, the files it writes, and bad input."""
 
 from __future__ import annotations
 
@@ -12,9 +13,14 @@ import matplotlib.image as mpimg
 import pytest
 from PIL import Image
 
-from conftest_runs import cand, err_row, row, s3_endpoint, synthetic_runs, write_run  # noqa: F401 (fixture)
+import numpy as np
+
+from conftest_runs import (FRONTIER_PRICE, FRONTIER_SPREAD, cand, err_row, frontier_runs, row,  # noqa: F401
+                           s3_endpoint, synthetic_runs, write_run)
 from jobs.report import main
-from reporting.stats import compare, correlations, improvement_score, run_summary
+from reporting import plots
+from reporting.frontier import Point, frontier, within_intervals
+from reporting.stats import bootstrap_intervals, compare, correlations, improvement_score, mean_interval, run_summary
 from runfolder.runs import load_run
 from schemas.base import InputError
 
@@ -137,7 +143,7 @@ def _check_png(data: bytes) -> None:
     assert mpimg.imread(io.BytesIO(data), format="png").ndim == 3
 
 
-def test_report_files_winner_and_plots(tmp_path):
+def test_report_files_frontier_and_plots(tmp_path):
     uris = synthetic_runs(str(tmp_path / "runs"), prompts=12)
     greedy, bon16, bon64, sr = uris
     out = tmp_path / "report"
@@ -151,18 +157,28 @@ def test_report_files_winner_and_plots(tmp_path):
     assert runs["bon-16"]["vs_baseline"]["relative_compute"] == pytest.approx(1.0)
     assert runs["sr-64-a0.5"]["errors"] == 1 and runs["sr-64-a0.5"]["vs_baseline"]["matched_prompts"] == 11
     per_usd = {label: e["vs_baseline"]["reward_gain_per_usd"] for label, e in runs.items()}
-    assert report["ranking"] == sorted(per_usd, key=lambda k: -per_usd[k])
-    assert report["winner"] == max(per_usd, key=per_usd.get)
+    # reward gained per USD stays as a column, sorted by it; it no longer names a winner (issue 12)
+    assert report["ranking"] == sorted(per_usd, key=lambda k: -per_usd[k]) and "winner" not in report
+    # the frontier is over the 11 prompts every run completed (SR errored on p003)
+    fr = report["frontier"]
+    assert fr["prompts"] == 11 and fr["order"] and not fr["not_placed"]
+    assert set(fr["order"]) | set(fr["dominated"]) == set(labels)
+    usd = [runs[label]["frontier"]["usd_per_prompt"] for label in fr["order"]]
+    reward = [runs[label]["frontier"]["mean_best_reward"] for label in fr["order"]]
+    assert usd == sorted(usd) and reward == sorted(reward)  # cheapest first, each step buys reward
     md = (out / "report.md").read_text()
     first = md.split("\n\n")[1]
-    assert first.startswith(f"**{report['winner']}** (") and "most reward per dollar" in first
-    table = md.split("## Ranking by reward gained per USD")[1].split("\n\n")[1].splitlines()[2:]
+    assert first.startswith("**Worth their cost**, the cost-reward frontier")
+    assert [first.index(f"**{label}**") for label in fr["order"]] == sorted(first.index(f"**{label}**")
+                                                                           for label in fr["order"])
+    table = md.split("## Reward gained per USD")[1].split("\n\n")[2].splitlines()[2:]
     assert [line.split(" | ")[1] for line in table] == report["ranking"]
     for caption, name in report["plots"].items():
         assert f"![{caption}]({name})" in md
         _check_png((out / name).read_bytes())
-    assert {"reward_vs_compute.png", "best_reward_by_run.png"} <= set(report["plots"].values())
-    assert any(n.startswith("partial_vs_final_") for n in report["plots"].values())
+    assert {"reward_vs_usd_per_prompt_frontier.png", "improvement_score_vs_relative_compute.png",
+            "best_reward_per_prompt_by_run.png"} <= set(report["plots"].values())
+    assert any(n.startswith("partial_vs_final_reward_sr-64-a0.5_prompt_") for n in report["plots"].values())
     sr_corr = runs["sr-64-a0.5"]["correlation"]["by_decision"]
     assert sr_corr and -1.0 <= sr_corr[0]["pearson_mean"] <= 1.0
     assert runs["greedy"]["correlation"]["records"] == []  # greedy recorded no partial rewards
@@ -196,8 +212,8 @@ def test_memory_filesystem(tmp_path):
 
     fs, path = fsspec.core.url_to_fs(f"{base}/out")
     names = sorted(os.path.basename(p) for p in fs.find(path))
-    assert "report.md" in names and "report.json" in names and "reward_vs_compute.png" in names
-    _check_png(fs.cat(f"{path}/reward_vs_compute.png"))
+    assert "report.md" in names and "report.json" in names and "reward_vs_usd_per_prompt_frontier.png" in names
+    _check_png(fs.cat(f"{path}/reward_vs_usd_per_prompt_frontier.png"))
 
 
 def test_s3_through_moto(s3_endpoint):
@@ -207,7 +223,7 @@ def test_s3_through_moto(s3_endpoint):
     fs = s3fs.S3FileSystem()
     report = json.loads(fs.cat("winnow-test/report/report.json"))
     assert report["baseline"] == "bon-16" and report["runs"][1]["path"] == uris[3]
-    _check_png(fs.cat("winnow-test/report/best_reward_by_run.png"))
+    _check_png(fs.cat("winnow-test/report/best_reward_per_prompt_by_run.png"))
 
 
 def test_warns_when_reward_settings_differ(tmp_path):
@@ -268,3 +284,196 @@ def test_existing_out_refused_unless_overwrite(tmp_path, capsys):
     assert str(out) in capsys.readouterr().err and os.listdir(out) == ["old.md"]
     assert main([good, "--out", str(out), "--overwrite"]) == 0
     assert "old.md" not in os.listdir(out) and "report.md" in os.listdir(out)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The cost-reward frontier (issue 12): dominance, marginal cost, bootstrap intervals, verdicts, plots.
+
+
+def test_bootstrap_intervals_are_deterministic_paired_and_sized_like_the_standard_error():
+    rng = np.random.default_rng(7)
+    x = rng.normal(3.0, 2.0, 400)
+    a = bootstrap_intervals(np.stack([x, x + 1.0]))
+    assert np.array_equal(a, bootstrap_intervals(np.stack([x, x + 1.0])))  # fixed seed: the same every time
+    assert a[1] == pytest.approx(a[0] + 1.0)  # paired: the same prompt draws for every run
+    lo, hi = a[0]
+    assert lo < x.mean() < hi
+    assert hi - lo == pytest.approx(2 * 1.96 * x.std() / np.sqrt(x.size), rel=0.15)
+    assert mean_interval([0.5, 0.5, 0.5]) == [0.5, 0.5] and mean_interval([2.0]) == [2.0, 2.0]
+    assert mean_interval([]) is None
+
+
+def test_frontier_dominance_marginal_and_ties():
+    pts = [Point("cheap", 1.0, 0.4, 0.3, 0.5), Point("mid", 2.0, 1.0, 0.9, 1.1), Point("worse", 3.0, 0.95, 0.85, 1.05),
+           Point("top", 4.0, 2.0, 1.9, 2.1), Point("same-cost", 4.0, 1.5, 1.4, 1.6)]
+    got = frontier(pts)
+    order = sorted((k for k, v in got.items() if v["on_frontier"]), key=lambda k: got[k]["position"])
+    assert order == ["cheap", "mid", "top"]
+    assert got["worse"]["dominated_by"] == ["mid"] and got["worse"]["dominated_by_within_intervals"] == ["mid"]
+    assert got["same-cost"]["dominated_by"] == ["top"]  # the same cost, less reward
+    assert got["mid"]["previous"] == "cheap" and got["mid"]["marginal_usd_per_reward"] == pytest.approx(1.0 / 0.6)
+    assert got["top"]["marginal_usd_per_reward"] == pytest.approx(2.0 / 1.0)
+    assert got["cheap"]["marginal_usd_per_reward"] is None and got["cheap"]["position"] == 1
+    # within each other's intervals: each mean inside the other's interval, not just overlapping intervals
+    assert within_intervals(Point("a", 1, 1.0, 0.9, 1.1), Point("b", 1, 1.05, 0.95, 1.15))
+    assert not within_intervals(Point("a", 1, 1.0, 0.9, 1.1), Point("b", 1, 1.15, 1.05, 1.25))  # overlap only
+    # two runs on the very same point: neither dominates, the step between them has no marginal cost
+    twin = frontier([Point("x", 1.0, 1.0, 1.0, 1.0), Point("y", 1.0, 1.0, 1.0, 1.0)])
+    assert all(v["on_frontier"] for v in twin.values()) and twin["y"]["marginal_usd_per_reward"] is None
+
+
+@pytest.fixture
+def frontier_report(tmp_path):
+    uris = frontier_runs(str(tmp_path / "runs"))
+    out = tmp_path / "report"
+    order = ["bon", "tie-b", "dominated", "cheap-low", "tie-a"]
+    assert main([uris[name] for name in order] + ["--out", str(out)]) == 0
+    return json.loads((out / "report.json").read_text()), (out / "report.md").read_text(), out
+
+
+def test_frontier_of_hand_made_runs(frontier_report):
+    report, md, _ = frontier_report
+    runs = {e["label"]: e["frontier"] for e in report["runs"]}
+    fr = report["frontier"]
+    assert fr["prompts"] == 10 and fr["order"] == ["cheap-low", "bon", "tie-a", "tie-b"]
+    assert fr["dominated"] == {"dominated": ["bon"]}
+    assert fr["baseline_mean_best_reward"] == pytest.approx(1.0)
+    assert fr["baseline_single_sample_reward"] == pytest.approx(0.5)
+    assert fr["bootstrap"]["seed"] == 0 and fr["bootstrap"]["resamples"] == 2000
+    usd = {name: runs[name]["usd_per_prompt"] for name in runs}
+    assert usd == pytest.approx({"bon": 0.02, "cheap-low": 0.01, "dominated": 0.03, "tie-a": 0.04, "tie-b": 0.05})
+    assert runs["bon"]["marginal_usd_per_reward"] == pytest.approx(0.01 / 0.6)
+    assert runs["tie-a"]["marginal_usd_per_reward"] == pytest.approx(0.02 / 1.0)
+    assert runs["tie-b"]["marginal_usd_per_reward"] == pytest.approx(0.01 / 0.01)
+    # intervals: the same spread in every run and paired draws, so every interval is the baseline's shifted
+    lo, hi = runs["bon"]["interval"]
+    assert lo < 1.0 < hi and hi - lo < 0.3
+    for name, level in (("cheap-low", 0.4), ("tie-b", 2.01)):
+        assert runs[name]["interval"] == pytest.approx([lo - 1.0 + level, hi - 1.0 + level])
+    assert runs["tie-b"]["step_within_intervals"] is True and runs["bon"]["step_within_intervals"] is False
+    assert runs["tie-a"]["within_intervals_of"] == ["tie-b"] and runs["dominated"]["within_intervals_of"] == []
+    assert runs["dominated"]["dominated_by_within_intervals"] == []
+    below = {name for name, f in runs.items() if f["below_baseline"]}
+    assert below == {"cheap-low", "dominated"}
+    assert runs["cheap-low"]["below_baseline_within_intervals"] is False
+    # the per-run interval over the run's own prompts (here the same prompts) is the frontier's
+    base = next(e for e in report["runs"] if e["label"] == "bon")
+    assert base["mean_best_reward_interval"] == pytest.approx([lo, hi])
+
+
+def test_frontier_headline_and_tables(frontier_report):
+    report, md, _ = frontier_report
+    first = md.split("\n\n")[1]
+    assert first.startswith("**Worth their cost**, the cost-reward frontier")
+    worth, not_worth = first.split("**Not worth their cost**")
+    assert [worth.index(f"**{n}**") for n in ("cheap-low", "bon", "tie-a", "tie-b")] == sorted(
+        worth.index(f"**{n}**") for n in ("cheap-low", "bon", "tie-a", "tie-b"))
+    cheap = worth.split("**cheap-low**")[1].split("; then")[0]
+    assert "**below the baseline's reward** (0.4 < 1)" in cheap
+    assert "$0.01 per prompt" in cheap
+    bon = worth.split("**bon**")[1].split("; then")[0]
+    assert "the baseline" in bon and "$0.0167 per extra unit of reward over cheap-low" in bon
+    tie = worth.split("**tie-b**")[1]
+    assert "$1 per extra unit of reward over tie-a (the two within each other's intervals)" in tie
+    assert "**dominated** (best_of_n), dominated by bon (33.3% cheaper, +0.5 reward)" in not_worth
+    assert "below the baseline's mean best reward (0.5 < 1)" in not_worth
+    # every table that ranks or lists runs says which are below the baseline
+    for section in ("## Cost-reward frontier", "## Reward gained per USD", "## Against the baseline"):
+        body = md.split(section)[1].split("\n## ")[0]
+        rows = {name: next(line for line in body.splitlines() if f" {name} | " in line)
+                for name in ("cheap-low", "dominated", "tie-a", "bon")}
+        assert "**below the baseline**" in rows["cheap-low"] and "**below the baseline**" in rows["dominated"]
+        assert "**below the baseline**" not in rows["tie-a"] and "baseline" in rows["bon"]
+    assert "reward gained per USD" in md.split("## Definitions")[1]
+    assert "within each other's intervals" in md.split("## Definitions")[1]
+
+
+def _frontier_points(report: dict) -> list[dict]:
+    return [{"label": e["label"], "method": e["method"], "usd": e["frontier"]["usd_per_prompt"],
+             "reward": e["frontier"]["mean_best_reward"], "low": e["frontier"]["interval"][0],
+             "high": e["frontier"]["interval"][1], "on_frontier": e["frontier"]["on_frontier"],
+             "is_baseline": e["frontier"]["is_baseline"], "below_baseline": e["frontier"]["below_baseline"]}
+            for e in report["runs"]]
+
+
+def _gids(ax, prefix: str) -> list:
+    return [a for a in ax.get_children() if (a.get_gid() or "").startswith(prefix)]
+
+
+def test_reward_vs_cost_plot_marks(frontier_report):
+    report, _, out = frontier_report
+    fr = report["frontier"]
+    points = _frontier_points(report)
+    fig = plots.reward_vs_cost_figure(points, fr["order"], fr["baseline_single_sample_reward"],
+                                      fr["baseline_mean_best_reward"], FRONTIER_PRICE, fr["prompts"])
+    ax = fig.axes[0]
+    markers = _gids(ax, "run:")
+    assert sorted(m.get_gid() for m in markers) == sorted(f"run:{p['label']}" for p in points)
+    (line,) = _gids(ax, "frontier")
+    by = {p["label"]: p for p in points}
+    assert np.allclose(line.get_xydata(), [[by[n]["usd"], by[n]["reward"]] for n in fr["order"]])
+    assert len(_gids(ax, "baseline-single-sample")) == 1 and len(_gids(ax, "baseline-reward")) == 1
+    iso = _gids(ax, "iso:")
+    assert 1 <= len(iso) <= 4 and len(_gids(ax, "iso-label:")) == len(iso)
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    # one entry per run, the frontier, both baseline levels, the iso lines and the open-marker key
+    assert len(legend) == len(points) + 5
+    assert any("cost-reward frontier" in t for t in legend) and any("single-sample" in t for t in legend)
+    assert any(t.startswith("dominated (best_of_n): dominated, below baseline") for t in legend)
+    # dominated runs are drawn open, frontier runs filled
+    faces = {m.get_gid()[4:]: m.get_markerfacecolor() for m in markers}
+    assert faces["dominated"] == "white" and faces["tie-a"] != "white"
+    # labels: one per run, none overlapping another or leaving the axes
+    renderer = fig.canvas.get_renderer()
+    labels = _gids(ax, "label:")
+    assert len(labels) == len(points)
+    boxes = [t.get_window_extent(renderer) for t in labels + _gids(ax, "iso-label:")]
+    assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+    frame = ax.get_window_extent(renderer)
+    assert all(frame.x0 <= b.x0 and b.x1 <= frame.x1 and frame.y0 <= b.y0 and b.y1 <= frame.y1 for b in boxes)
+    # axes with units: dollars on x, device-seconds on the top axis
+    fig.canvas.draw()
+    assert all(t.get_text().startswith("$") for t in ax.get_xticklabels() if t.get_text())
+    assert "USD per prompt" in ax.get_xlabel() and "device-seconds per prompt" in ax.child_axes[0].get_xlabel()
+    # the written PNG is a real image of the expected size
+    data = (out / "reward_vs_usd_per_prompt_frontier.png").read_bytes()
+    _check_png(data)
+    with Image.open(io.BytesIO(data)) as im:
+        assert im.format == "PNG" and im.mode in ("RGB", "RGBA") and im.size[0] > 900 and im.size[1] > 450
+
+
+def test_runs_on_one_point_keep_both_error_bars_visible():
+    p = {"method": "m", "usd": 1e-4, "reward": 0.8, "low": 0.7, "high": 0.9, "on_frontier": True,
+         "is_baseline": False, "below_baseline": False}
+    points = [{**p, "label": "a"}, {**p, "label": "b", "usd": 1.001e-4}, {**p, "label": "c", "usd": 3e-4,
+                                                                         "reward": 0.5, "low": 0.4, "high": 0.6}]
+    fig = plots.reward_vs_cost_figure(points, ["a", "b"], 0.3, 0.5)
+    ax = fig.axes[0]
+    xs = {m.get_gid(): m.get_transform().transform(m.get_xydata())[0][0] for m in _gids(ax, "run:")}
+    assert abs(xs["run:a"] - xs["run:b"]) >= 5  # pixels apart, though 0.1% apart in USD
+    renderer = fig.canvas.get_renderer()
+    boxes = [t.get_window_extent(renderer) for t in _gids(ax, "label:")]
+    assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+    assert len(ax.get_legend().get_texts()) == 3 + 5
+
+
+def test_other_plots_have_a_legend_entry_for_every_mark(frontier_report):
+    report, _, out = frontier_report
+    scored = [{"label": e["label"], "method": e["method"], "relative_compute": e["vs_baseline"]["relative_compute"],
+               "improvement_score": e["vs_baseline"]["improvement_score"],
+               "below_baseline": e["frontier"]["below_baseline"]} for e in report["runs"]]
+    fig = plots.improvement_vs_relative_compute_figure(scored, "bon")
+    ax = fig.axes[0]
+    assert len(_gids(ax, "run:")) == 5 and len(_gids(ax, "label:")) == 5
+    assert len(ax.get_legend().get_texts()) == 5 + 3  # runs, score 100, score 0, relative compute 1
+    box = plots.best_reward_distribution_figure([("a", [0.0, 1.0, 2.0, 10.0]), ("b", [1.0, 2.0])])
+    assert [t.get_text().split(":")[0] for t in box.axes[0].get_legend().get_texts()] == [
+        "box", "line", "triangle", "whiskers", "circle"]
+    pvf = plots.partial_vs_final_figure({0: ([0.1, 0.2], [1.0, 2.0]), 1: ([0.3], [2.0])}, "t")
+    assert [t.get_text() for t in pvf.axes[0].get_legend().get_texts()] == [
+        "decision 0", "highest final reward of the prompt", "decision 1"]
+    assert set(report["plots"].values()) >= {"reward_vs_usd_per_prompt_frontier.png",
+                                              "improvement_score_vs_relative_compute.png",
+                                              "best_reward_per_prompt_by_run.png"}
+    for name in report["plots"].values():
+        _check_png((out / name).read_bytes())
