@@ -31,11 +31,13 @@ import json
 import math
 import statistics
 import time
+from dataclasses import replace
 
 import torch
 
 from assets import demo_rows
 from bench.common import table
+from pipeline.preflight import resolved
 from reporting.stats import improvement_score
 from schemas.config import validate_config
 from workers.cost import Meter
@@ -61,28 +63,25 @@ def chunks(items: list, size: int) -> list[list]:
 class Bench:
     def __init__(self, rows: list[dict], max_new_tokens: int, repeats: int):
         self.base = dict(BASE, generation=dict(BASE["generation"], max_new_tokens=max_new_tokens))
-        self.lexical = Runner(validate_config(self.base))
+        self.lexical = Runner(resolved(validate_config(self.base)))
         model_reward = dict(self.base, models=dict(self.base["models"], reward={"kind": "model",
                                                                                 "path": "builtin:tiny-reward"}))
-        self.scorer = Runner(validate_config(model_reward)).reward
+        self.scorer = Runner(resolved(validate_config(model_reward))).reward
         self.prompts = [p for _, p in self.lexical.prepare(rows)[0]]
         self.repeats = repeats
 
     def method(self, method: dict, per_call: int, reward: str = "lexical", seed: int = 0) -> dict:
         """One run of a method over the prompts, `per_call` prompts per call: results, meter, wall seconds."""
-        cfg = validate_config(dict(self.base, seed=seed, method=method))
-        r = self.lexical
+        params = validate_config(dict(self.base, method=method)).method
         meter = Meter(len(self.prompts))
-        ctx = r.context_for(meter)
-        ctx.config = cfg
-        if reward == "model":
-            ctx.reward = self.scorer
+        ctx = replace(self.lexical.context_for(meter), seed=seed,
+                      reward=self.scorer if reward == "model" else self.lexical.reward)
         fn = best_of_n if method["name"] == "best_of_n" else speculative_rejection
         results = []
         start = time.perf_counter()
         with torch.inference_mode():
             for batch in chunks(self.prompts, per_call):
-                results += fn(ctx, batch)
+                results += fn(ctx, params, batch)
         wall = time.perf_counter() - start
         return {"results": results, "meter": meter, "wall": wall,
                 "tokens": sum(res.stats["generated_tokens"] for res in results)}

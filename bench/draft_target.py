@@ -28,10 +28,11 @@ import torch
 
 from assets import demo_rows
 from bench.common import table
+from pipeline.preflight import resolved
 from schemas.config import validate_config
 from workers.cost import Meter
 from workers.methods import METHODS
-from workers.methods.common import Context
+from workers.methods.common import Context, PoolSampler
 from workers.methods.measures import add_measures
 from workers.runner import Runner
 from workers.sampling import Warp
@@ -50,9 +51,9 @@ BASE = {
 class Bench:
     def __init__(self, rows: list[dict], max_new_tokens: int, repeats: int):
         base = dict(BASE, generation={"max_new_tokens": max_new_tokens, "temperature": 0.0})
-        self.lexical = Runner(validate_config(base))
+        self.lexical = Runner(resolved(validate_config(base)))
         model_reward = dict(base, models=dict(base["models"], reward={"kind": "model", "path": "builtin:tiny-reward"}))
-        self.scorer = Runner(validate_config(model_reward)).reward
+        self.scorer = Runner(resolved(validate_config(model_reward))).reward
         self.prompts = [p for _, p in self.lexical.prepare(rows)[0]]
         self.base, self.repeats = base, repeats
 
@@ -60,17 +61,19 @@ class Bench:
         """Run a method `repeats` times on the prompts; its results (last run), cost, and best wall-clock."""
         gen = dict(self.base["generation"], **(generation or {}))
         cfg = validate_config(dict(self.base, method=method, generation=gen))
+        g = cfg.generation
         r = self.lexical
-        fn = METHODS[method["name"]].__wrapped__  # the method without its quality measures (timed separately)
+        fn = METHODS[method["name"]]  # the method alone: its quality measures are added after the timing
         best = math.inf
         for _ in range(self.repeats):
             meter = Meter(len(self.prompts))
-            ctx = Context(cfg, target if target is not None else r.target, r.tokenizer, r.draft,
+            ctx = Context(target if target is not None else r.target, r.tokenizer, r.draft,
                           r.reward if reward == "lexical" else self.scorer, meter,
-                          Warp(gen["temperature"], gen.get("top_k", 0), gen.get("top_p", 1.0)), r.eos_ids, r.pad_id)
+                          Warp(g.temperature, g.top_k, g.top_p), cfg.seed, r.eos_ids, r.pad_id,
+                          PoolSampler(g.sampler, g.gamma))
             start = time.perf_counter()
             with torch.inference_mode():
-                results = fn(ctx, self.prompts)
+                results = fn(ctx, cfg.method, self.prompts)
             best = min(best, time.perf_counter() - start)
         add_measures(ctx, self.prompts, results)
         return {"results": results, "meter": meter, "wall": best}

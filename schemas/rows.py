@@ -66,6 +66,7 @@ STATS_FIELDS: dict[str, tuple[pa.DataType, str]] = {
     "hard_constraint": (pa.float64(), "1 if the best response covers every concept, else 0 (lexical tasks)"),
     "soft_constraint": (pa.float64(), "fraction of concepts the best response covers (lexical tasks)"),
     "state_counts": (pa.list_(pa.int64()), "CDSL: iterations in states S1, S2, S3, S4"),
+    "memory_budget_bytes": (pa.int64(), "KV budget of the memory schedule in bytes, null for other schedules/methods"),
 }
 STATS = pa.struct([(name, t) for name, (t, _) in STATS_FIELDS.items()])
 

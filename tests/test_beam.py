@@ -24,7 +24,7 @@ def test_beam_search_matches_transformers(num_beams, length_penalty):
     target, _ = pair(sharpness=1.5)
     prompts = toy_prompts(5, 48, 12, seed=31)
     method = {"name": "beam", "num_beams": num_beams, "length_penalty": length_penalty}
-    results = run("beam", toy_context(target, None, method, {}, num_prompts=5), prompts)
+    results = run(method, toy_context(target, None, num_prompts=5), prompts)
     for p, res in zip(prompts, results):
         assert res.candidates[0].tokens == hf_beam(target, p.ids, num_beams, length_penalty, 12)
 
@@ -32,10 +32,10 @@ def test_beam_search_matches_transformers(num_beams, length_penalty):
 def test_one_beam_is_greedy_decoding_and_more_beams_search_wider():
     target, _ = pair(sharpness=1.5)
     prompts = toy_prompts(4, 48, 10, seed=32)
-    one = run("beam", toy_context(target, None, {"name": "beam", "num_beams": 1, "length_penalty": 0.0}, {},
-                                  num_prompts=4), prompts)
-    wide = run("beam", toy_context(target, None, {"name": "beam", "num_beams": 4, "length_penalty": 0.0}, {},
-                                   num_prompts=4), prompts)
+    one = run({"name": "beam", "num_beams": 1, "length_penalty": 0.0}, toy_context(target, None, num_prompts=4),
+              prompts)
+    wide = run({"name": "beam", "num_beams": 4, "length_penalty": 0.0}, toy_context(target, None, num_prompts=4),
+               prompts)
     for p, a in zip(prompts, one):
         assert a.candidates[0].tokens == greedy_reference(target, p.ids, 10)
     assert any(a.candidates[0].tokens != b.candidates[0].tokens for a, b in zip(one, wide))

@@ -12,7 +12,7 @@ from tests.test_speculative import (  # noqa: F401  (one_thread is an autouse fi
     EOS, coverage_reward, greedy_reference, one_thread, pair, run, toy_context, toy_prompts,
 )
 from workers.methods.cdsl import S1, S2, S3, S4, cdsl_states, run_cdsl
-from workers.methods.measures import constraint_stats, perplexities
+from workers.methods.measures import add_measures, constraint_stats, perplexities
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -128,7 +128,7 @@ def compare_with_reference(a_t, r_t, b, draft_is_target=False, count=4, limit=16
     wanted = wanted_sets(count, seed=seed)
     batched_reward, refs = scripted(wanted)
     # run_cdsl itself, so that thresholds outside the config's range can force a state
-    ctx = toy_context(target, draft, {"name": "cdsl"}, {}, batched_reward, num_prompts=count)
+    ctx = toy_context(target, draft, {}, batched_reward, num_prompts=count)
     results = run_cdsl(ctx, prompts, d, k, a_t, r_t, b, "hard")
     total = [0, 0, 0, 0]
     for p, res, ref_r in zip(prompts, results, refs):
@@ -184,7 +184,7 @@ def test_speculative_sampling_validation_accepts_everything_when_draft_is_target
     batched_reward, _ = scripted(wanted_sets(3, seed=23))
     method = {"name": "cdsl", "lookahead": 3, "top_k": 3, "accept_threshold": 0.6, "reward_threshold": 0.3, "b": 1,
               "validation": "sampling"}
-    results = run("cdsl", toy_context(target, target, method, {"temperature": 1.0}, batched_reward, 3), prompts)
+    results = run(method, toy_context(target, target, {"temperature": 1.0}, batched_reward, 3), prompts)
     for res in results:
         assert res.stats["acceptance_rate"] == 1.0  # p = q: min(1, p/q) = 1
         assert res.stats["state_counts"][1] == res.stats["state_counts"][2] == 0
@@ -200,8 +200,8 @@ def test_cdlh_and_cdlh_appx_match_algorithm_2():
     batched_reward, refs = scripted(wanted_sets(4, seed=24))
     for name, lookahead_model in (("cdlh", target), ("cdlh_appx", draft)):
         method = {"name": name, "lookahead": 3, "top_k": 3}
-        ctx = toy_context(target, draft, method, {}, batched_reward, num_prompts=4)
-        results = run(name, ctx, prompts)
+        ctx = toy_context(target, draft, {}, batched_reward, num_prompts=4)
+        results = run(method, ctx, prompts)
         for p, res, ref_r in zip(prompts, results, refs):
             assert res.candidates[0].tokens == reference_cdlh(target, lookahead_model, p.ids, 10, 3, 3, ref_r)
         calls = results[0].stats
@@ -226,8 +226,9 @@ def test_constraint_stats():
 def test_perplexity_is_the_targets_and_outside_the_cost():
     target, draft = pair()
     prompts = toy_prompts(2, 48, 8, seed=25)
-    ctx = toy_context(target, draft, {"name": "greedy"}, {"temperature": 0}, num_prompts=2)
-    results = run("greedy", ctx, prompts)
+    ctx = toy_context(target, draft, {"temperature": 0}, num_prompts=2)
+    results = run({"name": "greedy"}, ctx, prompts)
+    add_measures(ctx, prompts, results)
     forwards = int(ctx.meter.forwards["target"].sum())
     assert forwards == sum(len(r.candidates[0].tokens) for r in results)  # the perplexity forward is not charged
     for p, res in zip(prompts, results):
@@ -240,12 +241,10 @@ def test_perplexity_is_the_targets_and_outside_the_cost():
 
 
 def test_trio_cdsl_with_the_lexical_reward():
-    from tests.trio_helpers import config, demo_rows, run_method
-    from workers.runner import Runner
+    from tests.trio_helpers import demo_rows, run_trio
 
-    cfg = config(method={"name": "cdsl"}, models={"reward": {"kind": "lexical"}},
-                 generation={"temperature": 0, "max_new_tokens": 32})
-    _, results, meter = run_method(Runner(cfg), demo_rows(4))
+    _, results, meter = run_trio({"name": "cdsl"}, demo_rows(4), {"temperature": 0, "max_new_tokens": 32},
+                                 reward="lexical")
     for g, r in enumerate(results):
         counts = r.stats["state_counts"]
         assert len(counts) == 4 and sum(counts) == round(len(r.candidates[0].tokens) / r.stats["mean_accepted_tokens"])

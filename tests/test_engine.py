@@ -5,12 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.trio_helpers import config, demo_rows, run_method, tokens_of
+from tests.trio_helpers import demo_rows, run_trio, tokens_of, trio, trio_prompts
 from workers.cost import Meter
 from workers.engine import Engine, forward, kv_bytes_per_token, left_pad
-from workers.methods.rejection import cut_value
-from workers.runner import Runner
+from workers.methods.rejection import cut_value, rejection_cut
 from workers.sampling import Warp
+
+BON8 = {"name": "best_of_n", "n": 8}
 
 
 @pytest.fixture(scope="module")
@@ -19,8 +20,8 @@ def rows():
 
 
 def test_greedy_best_of_n_matches_generate(rows):
-    runner = Runner(config(method={"name": "best_of_n", "n": 3}, generation={"temperature": 0, "max_new_tokens": 40}))
-    prompts, results, _ = run_method(runner, rows)
+    runner = trio()
+    prompts, results, _ = run_trio({"name": "best_of_n", "n": 3}, rows, {"temperature": 0, "max_new_tokens": 40})
     for p, res in zip(prompts, results):
         ids = torch.tensor([p.ids])
         ref = runner.target.generate(
@@ -33,10 +34,10 @@ def test_greedy_best_of_n_matches_generate(rows):
 
 
 def test_prompts_batched_give_the_same_results_as_alone(rows):
-    runner = Runner(config(method={"name": "best_of_n", "n": 6}))
-    _, together, _ = run_method(runner, rows)
+    bon = {"name": "best_of_n", "n": 6}
+    _, together, _ = run_trio(bon, rows)
     for i, row in enumerate(rows):
-        _, alone, _ = run_method(runner, [row])
+        _, alone, _ = run_trio(bon, [row])
         assert tokens_of(alone)[0] == tokens_of(together)[i]
         assert alone[0].best_index == together[i].best_index
         for a, b in zip(alone[0].candidates, together[i].candidates):
@@ -44,9 +45,9 @@ def test_prompts_batched_give_the_same_results_as_alone(rows):
 
 
 def test_same_seed_same_output_and_other_seed_differs(rows):
-    a = run_method(Runner(config(seed=3)), rows)[1]
-    b = run_method(Runner(config(seed=3)), rows)[1]
-    c = run_method(Runner(config(seed=4)), rows)[1]
+    a = run_trio(BON8, rows, seed=3)[1]
+    b = run_trio(BON8, rows, seed=3)[1]
+    c = run_trio(BON8, rows, seed=4)[1]
     assert tokens_of(a) == tokens_of(b)
     assert [r.best_index for r in a] == [r.best_index for r in b]
     assert tokens_of(a) != tokens_of(c)
@@ -61,10 +62,8 @@ def test_same_seed_same_output_and_other_seed_differs(rows):
 )
 def test_speculative_rejection_with_alpha_zero_is_best_of_n(rows, schedule):
     n = 8
-    bon = run_method(Runner(config(method={"name": "best_of_n", "n": n})), rows)[1]
-    sr = run_method(
-        Runner(config(method={"name": "speculative_rejection", "n": n, "alpha": 0.0, **schedule})), rows
-    )[1]
+    bon = run_trio({"name": "best_of_n", "n": n}, rows)[1]
+    sr = run_trio({"name": "speculative_rejection", "n": n, "alpha": 0.0, **schedule}, rows)[1]
     assert tokens_of(sr) == tokens_of(bon)
     assert any(r.stats["rejection_rounds"] > 0 for r in sr), "the schedule never decided: the test proves nothing"
     for s, b in zip(sr, bon):
@@ -76,9 +75,8 @@ def test_speculative_rejection_with_alpha_zero_is_best_of_n(rows, schedule):
 
 def test_speculative_rejection_cuts_the_lowest_alpha_fraction(rows):
     n, alpha, k = 16, 0.5, 8
-    cfg = config(method={"name": "speculative_rejection", "n": n, "alpha": alpha, "schedule": "fixed",
-                         "every_k_tokens": k})
-    _, results, _ = run_method(Runner(cfg), rows)
+    method = {"name": "speculative_rejection", "n": n, "alpha": alpha, "schedule": "fixed", "every_k_tokens": k}
+    _, results, _ = run_trio(method, rows)
     for res in results:
         rejected = [c for c in res.candidates if c.finish_reason == "rejected"]
         assert rejected, "alpha = 0.5 rejected nobody"
@@ -101,10 +99,32 @@ def test_cut_value_is_the_lower_order_statistic():
     assert cut_value([5.0], 0.9) == 5.0
 
 
+def test_rejection_cut_keeps_the_running_candidates_at_or_above_the_cut():
+    scores = [0.3, 0.1, 0.4, 0.2]
+    assert rejection_cut(scores, [], 0.0) == [0, 1, 2, 3]  # alpha = 0 keeps every candidate
+    assert rejection_cut(scores, [], 0.5) == [0, 2]  # floor(0.5 * 4) = 2 strictly below the cut are dropped
+    assert rejection_cut(scores, [], 0.25) == [0, 2, 3]  # floor(0.25 * 4) = 1
+    assert rejection_cut(scores, [], 0.99) == [2]  # floor(0.99 * 4) = 3
+    # ties at the cut are kept: the cut is the 3rd smallest (0.2), which three candidates share
+    assert rejection_cut([0.1, 0.2, 0.2, 0.2, 0.5], [], 0.5) == [1, 2, 3, 4]
+    assert rejection_cut([0.7, 0.7, 0.7], [], 0.9) == [0, 1, 2]
+
+
+def test_rejection_cut_counts_finished_candidates_but_never_keeps_or_drops_them():
+    running = [0.1, 0.2, 0.3]
+    # alone: b = 3, floor(0.5 * 3) = 1 below the cut, the cut is the 2nd smallest (0.2)
+    assert rejection_cut(running, [], 0.5) == [1, 2]
+    # with two finished above them: b = 5, floor(0.5 * 5) = 2 below, the cut is the 3rd smallest (0.3)
+    assert rejection_cut(running, [0.9, 0.95], 0.5) == [2]
+    # with two finished below them: {0.0, 0.0, 0.1, 0.2, 0.3}, the cut is 0.1 and every running candidate stays
+    assert rejection_cut(running, [0.0, 0.0], 0.5) == [0, 1, 2]
+    # the indices are those of the running candidates only; with nothing running there is nothing to keep
+    assert rejection_cut([], [0.5, 0.6], 0.5) == []
+
+
 def test_row_selection_keeps_the_cache_exact(rows):
-    runner = Runner(config(generation={"temperature": 1.0}))
-    prompts, _ = runner.prepare(rows[:3])
-    prompts = [p for _, p in prompts]
+    runner = trio()
+    prompts = trio_prompts(rows[:3])
     meter = Meter(len(prompts))
     engine = Engine(runner.target, runner.pad_id, runner.eos_ids, Warp(1.0), 0, meter)
     with torch.inference_mode():
@@ -122,8 +142,7 @@ def test_row_selection_keeps_the_cache_exact(rows):
 
 
 def test_prefill_is_once_per_prompt_and_tokens_are_counted(rows):
-    runner = Runner(config(method={"name": "best_of_n", "n": 8}))
-    prompts, results, meter = run_method(runner, rows)
+    prompts, results, meter = run_trio(BON8, rows)
     for i, (p, res) in enumerate(zip(prompts, results)):
         generated = sum(len(c.tokens) for c in res.candidates)
         longest = max(len(c.tokens) for c in res.candidates)
@@ -144,17 +163,16 @@ def test_kv_bytes_per_token_from_config():
 
 
 def test_memory_schedule_decides_when_the_cache_would_pass_the_budget(rows):
-    runner = Runner(config())
-    prompts, _ = runner.prepare(rows[:2])
-    width = max(len(p.ids) for _, p in prompts)
-    n, per_col = 8, kv_bytes_per_token(runner.target)
+    prompts = trio_prompts(rows[:2])
+    width = max(len(p.ids) for p in prompts)
+    n, per_col = 8, kv_bytes_per_token(trio().target)
     rows_total = n * len(prompts)
     decide_at = 5  # generated tokens at the first decision
     # with g tokens generated the cache holds width + g - 1 columns (the last token is not yet fed); the next step
     # makes it width + g. A budget of width + decide_at - 1 columns is first passed by the step after decide_at.
     budget = rows_total * (width + decide_at - 1) * per_col
-    cfg = config(method={"name": "speculative_rejection", "n": n, "alpha": 0.5, "memory_budget_mb": budget / 2**20})
-    _, results, _ = run_method(Runner(cfg), rows[:2])
+    method = {"name": "speculative_rejection", "n": n, "alpha": 0.5, "memory_budget_mb": budget / 2**20}
+    _, results, _ = run_trio(method, rows[:2])
     assert results[0].stats["decision_tokens"][0] == decide_at
 
 
@@ -165,3 +183,94 @@ def test_left_pad_and_positions():
     from workers.engine import position_ids
 
     assert position_ids(mask).tolist() == [[0, 1, 2], [0, 0, 0]]
+
+
+def test_quality_measures_run_after_the_cost_window_closes(rows, monkeypatch):
+    """The Runner bills the method alone: the perplexity forward of the measures comes after the costs are taken."""
+    import time
+
+    import workers.runner as runner_module
+    from tests.trio_helpers import config
+    from workers.runner import Runner
+
+    runner = Runner(config(method={"name": "greedy"}, generation={"temperature": 0, "max_new_tokens": 8}))
+    events = []
+    add_measures, per_prompt = runner_module.add_measures, Meter.per_prompt
+
+    def slow_measures(ctx, prompts, results):
+        events.append("measures")
+        time.sleep(1.0)
+        add_measures(ctx, prompts, results)
+
+    def costs(meter, devices=1.0):
+        events.append("costs")
+        return per_prompt(meter, devices)
+
+    monkeypatch.setattr(runner_module, "add_measures", slow_measures)
+    monkeypatch.setattr(Meter, "per_prompt", costs)
+    start = time.perf_counter()
+    out = runner.run(rows[:2])
+    total = time.perf_counter() - start
+    assert events == ["costs", "measures"]
+    for row in out:
+        assert row["stats"]["perplexity"] is not None  # the measures ran
+        # greedy: the prefill and one forward per token after the first; the perplexity forward is not counted
+        assert row["cost"]["target_forwards"] == row["candidates"][0]["num_tokens"]
+        assert row["cost"]["wall_seconds"] <= total - 1.0  # nor timed
+        assert row["cost"]["device_seconds"] <= total - 1.0
+
+
+def test_memory_budget_is_the_free_memory_share_capped_by_memory_budget_mb(monkeypatch):
+    from schemas.methods import SpeculativeRejection
+    from workers.methods import rejection
+
+    cpu = torch.device("cpu")
+    sr = {"name": "speculative_rejection"}
+    real = rejection.memory_budget_bytes(SpeculativeRejection(**sr), cpu)  # the host's own memory on CPU
+    assert isinstance(real, int) and 0 < real < 2**62
+    gib = 2**30
+    monkeypatch.setattr(rejection, "host_available_bytes", lambda: 10 * gib)
+    assert rejection.memory_budget_bytes(SpeculativeRejection(**sr), cpu) == int(0.8 * 10 * gib)
+    assert rejection.memory_budget_bytes(SpeculativeRejection(**sr, memory_fraction=0.5), cpu) == 5 * gib
+    assert rejection.memory_budget_bytes(SpeculativeRejection(**sr, memory_budget_mb=100), cpu) == 100 * 2**20
+    assert rejection.memory_budget_bytes(SpeculativeRejection(**sr, memory_budget_mb=10**6), cpu) == 8 * gib
+    monkeypatch.setattr(rejection, "host_available_bytes", lambda: None)
+    with pytest.raises(ValueError, match="method.memory_budget_mb"):
+        rejection.memory_budget_bytes(SpeculativeRejection(**sr), cpu)
+    assert rejection.memory_budget_bytes(SpeculativeRejection(**sr, memory_budget_mb=2), cpu) == 2 * 2**20
+
+
+def test_host_memory_falls_back_to_sysconf_without_proc_meminfo(monkeypatch):
+    from workers.methods import rejection
+
+    assert rejection.host_available_bytes() > 0  # MemAvailable
+
+    def no_file(*args, **kwargs):
+        raise OSError("no /proc here")
+
+    pages = {"SC_AVPHYS_PAGES": 1000, "SC_PAGE_SIZE": 4096}
+
+    def sysconf(name):
+        if name not in pages:
+            raise ValueError(f"unrecognized configuration name {name!r}")  # as os.sysconf says it
+        return pages[name]
+
+    monkeypatch.setattr(rejection, "open", no_file, raising=False)
+    monkeypatch.setattr(rejection.os, "sysconf", sysconf)
+    assert rejection.host_available_bytes() == 1000 * 4096
+    pages.clear()  # sysconf knows neither name either
+    assert rejection.host_available_bytes() is None
+
+
+def test_the_memory_schedule_records_its_budget_and_runs_on_cpu_without_one(rows):
+    from schemas.rows import STATS_FIELDS
+
+    assert "memory_budget_bytes" in STATS_FIELDS
+    gen = {"max_new_tokens": 8}
+    _, capped, _ = run_trio({"name": "speculative_rejection", "n": 4, "memory_budget_mb": 0.25}, rows[:2], gen)
+    assert [r.stats["memory_budget_bytes"] for r in capped] == [2**18, 2**18]
+    _, minimal, _ = run_trio({"name": "speculative_rejection", "n": 4}, rows[:2], gen)  # no budget configured
+    for r in minimal:
+        assert 0 < r.stats["memory_budget_bytes"] < 2**62 and r.best_index is not None
+    _, fixed, _ = run_trio({"name": "speculative_rejection", "n": 4, "schedule": "fixed"}, rows[:2], gen)
+    assert all("memory_budget_bytes" not in r.stats for r in fixed)  # null in the output row

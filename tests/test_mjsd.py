@@ -19,9 +19,8 @@ from workers.speculative import Tally, open_rows
 def test_tau_one_is_the_targets_greedy_decoding():
     target, draft = pair()
     prompts = toy_prompts(8, 48, 20, seed=11)
-    ctx = toy_context(target, draft, {"name": "mjsd", "gamma": 4, "num_beams": 3, "tau": 1.0}, {"temperature": 0},
-                      num_prompts=8)
-    results = run("mjsd", ctx, prompts)
+    ctx = toy_context(target, draft, {"temperature": 0}, num_prompts=8)
+    results = run({"name": "mjsd", "gamma": 4, "num_beams": 3, "tau": 1.0}, ctx, prompts)
     for p, r in zip(prompts, results):
         assert r.candidates[0].tokens == greedy_reference(target, p.ids, 20)
         assert r.stats["acceptance_rate"] == 0.0 and r.stats["mean_accepted_tokens"] == 1.0
@@ -97,9 +96,8 @@ def test_one_target_call_per_iteration_and_full_acceptance_when_draft_is_target(
     target, _ = pair()
     prompts = toy_prompts(4, 48, 21, seed=13)
     gamma = 4
-    ctx = toy_context(target, target, {"name": "mjsd", "gamma": gamma, "num_beams": 3, "tau": 0.1},
-                      {"temperature": 0}, num_prompts=4)
-    results = run("mjsd", ctx, prompts)
+    ctx = toy_context(target, target, {"temperature": 0}, num_prompts=4)
+    results = run({"name": "mjsd", "gamma": gamma, "num_beams": 3, "tau": 0.1}, ctx, prompts)
     for g, r in enumerate(results):
         n = len(r.candidates[0].tokens)
         iterations = round(n / r.stats["mean_accepted_tokens"])
@@ -113,25 +111,23 @@ def test_sampled_mjsd_is_seeded():
     target, draft = pair()
     prompts = toy_prompts(3, 48, 16, seed=14)
     method = {"name": "mjsd", "gamma": 3, "num_beams": 4, "tau": 0.1}
-    a = run("mjsd", toy_context(target, draft, method, {"temperature": 1.0}, num_prompts=3, seed=1), prompts)
-    b = run("mjsd", toy_context(target, draft, method, {"temperature": 1.0}, num_prompts=3, seed=1), prompts)
-    c = run("mjsd", toy_context(target, draft, method, {"temperature": 1.0}, num_prompts=3, seed=2), prompts)
+    a = run(method, toy_context(target, draft, {"temperature": 1.0}, num_prompts=3, seed=1), prompts)
+    b = run(method, toy_context(target, draft, {"temperature": 1.0}, num_prompts=3, seed=1), prompts)
+    c = run(method, toy_context(target, draft, {"temperature": 1.0}, num_prompts=3, seed=2), prompts)
     tokens = lambda rs: [r.candidates[0].tokens for r in rs]  # noqa: E731
     assert tokens(a) == tokens(b) and tokens(a) != tokens(c)
     assert all(r.stats["mean_accepted_tokens"] > 1.0 for r in a)
 
 
 def test_trio_mjsd_with_tau_one_is_greedy_and_the_defaults_accept_long_prefixes():
-    from tests.trio_helpers import config, demo_rows, run_method, tokens_of
-    from workers.runner import Runner
+    from tests.trio_helpers import demo_rows, run_trio, tokens_of
 
     rows = demo_rows(4)
     gen = {"temperature": 0, "max_new_tokens": 32}
-    _, greedy, _ = run_method(Runner(config(method={"name": "greedy"}, generation=gen)), rows)
-    _, tau_one, _ = run_method(Runner(config(method={"name": "mjsd", "tau": 1.0, "gamma": 3, "num_beams": 2},
-                                             generation=gen)), rows)
+    _, greedy, _ = run_trio({"name": "greedy"}, rows, gen)
+    _, tau_one, _ = run_trio({"name": "mjsd", "tau": 1.0, "gamma": 3, "num_beams": 2}, rows, gen)
     assert tokens_of(tau_one) == tokens_of(greedy)
-    _, default, meter = run_method(Runner(config(method={"name": "mjsd"}, generation=gen)), rows)
+    _, default, meter = run_trio({"name": "mjsd"}, rows, gen)
     for g, r in enumerate(default):
         assert r.stats["mean_accepted_tokens"] > 2.0 and r.stats["perplexity"] is not None
         iterations = round(len(r.candidates[0].tokens) / r.stats["mean_accepted_tokens"])

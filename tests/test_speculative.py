@@ -15,10 +15,11 @@ import torch
 from scipy import stats
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from schemas.config import validate_config
+from schemas.config import GenerationConfig
+from tests.trio_helpers import params_of
 from workers.cost import Meter
 from workers.methods import METHODS
-from workers.methods.common import Context, PromptInput
+from workers.methods.common import Context, PoolSampler, PromptInput
 from workers.sampling import Warp, prompt_key, warp_probs
 from workers.speculative import SpeculativeEngine, Side, emit, fork_cache, pack, ragged_cat, right_align, take
 
@@ -83,16 +84,12 @@ def coverage_reward(wanted: list[set[int]]):
     return reward
 
 
-def toy_context(target, draft, method: dict, generation: dict | None = None, reward=None, num_prompts: int = 1,
+def toy_context(target, draft, generation: dict | None = None, reward=None, num_prompts: int = 1,
                 seed: int = 0) -> Context:
-    cfg = validate_config({
-        "name": "toy", "seed": seed, "data": {"source": "toy.jsonl"},
-        "models": {"target": "toy-target", "draft": "toy-draft", "reward": {"kind": "python", "function": "toy:r"}},
-        "method": method, "generation": generation or {}, "output": {"path": "runs/toy"},
-    })
-    g = cfg.generation
-    return Context(cfg, target, ToyTokenizer(), draft, reward, Meter(num_prompts),
-                   Warp(g.temperature, g.top_k, g.top_p), [EOS], PAD)
+    """A Context on a toy pair: `generation` as the config's section (sampling warp and pool sampler)."""
+    g = GenerationConfig(**(generation or {}))
+    return Context(target, ToyTokenizer(), draft, reward, Meter(num_prompts), Warp(g.temperature, g.top_k, g.top_p),
+                   seed, [EOS], PAD, PoolSampler(g.sampler, g.gamma))
 
 
 def toy_prompts(count: int, vocab: int, limit: int, seed: int = 0, lo: int = 3, hi: int = 12) -> list[PromptInput]:
@@ -106,9 +103,10 @@ def toy_prompts(count: int, vocab: int, limit: int, seed: int = 0, lo: int = 3, 
     return out
 
 
-def run(name: str, ctx: Context, prompts: list[PromptInput]):
+def run(method: dict, ctx: Context, prompts: list[PromptInput]):
+    """Run a method from its own parameters (a dict such as {"name": "mjsd", "tau": 1.0})."""
     with torch.inference_mode():
-        return METHODS[name](ctx, prompts)
+        return METHODS[method["name"]](ctx, params_of(method), prompts)
 
 
 def greedy_reference(model, prompt: list[int], limit: int) -> list[int]:
@@ -171,11 +169,10 @@ def padded_triples(tokens: list[list[int]], v: int) -> torch.Tensor:
 def test_greedy_speculative_decoding_is_the_targets_greedy_decoding_with_ragged_acceptance():
     target, draft = pair()
     prompts = toy_prompts(10, 48, 24)
-    ctx = toy_context(target, draft, {"name": "speculative_decoding", "gamma": 4}, {"temperature": 0},
-                      num_prompts=len(prompts))
-    results = run("speculative_decoding", ctx, prompts)
-    greedy = run("greedy", toy_context(target, draft, {"name": "greedy"}, {"temperature": 0},
-                                       num_prompts=len(prompts)), prompts)
+    ctx = toy_context(target, draft, {"temperature": 0}, num_prompts=len(prompts))
+    results = run({"name": "speculative_decoding", "gamma": 4}, ctx, prompts)
+    greedy = run({"name": "greedy"}, toy_context(target, draft, {"temperature": 0}, num_prompts=len(prompts)),
+                 prompts)
     rates = [r.stats["acceptance_rate"] for r in results]
     assert len(set(rates)) >= 4 and max(rates) - min(rates) > 0.15, f"acceptance was not ragged: {rates}"
     for p, res, ref in zip(prompts, results, greedy):
@@ -193,8 +190,8 @@ def test_greedy_speculative_decoding_is_the_targets_greedy_decoding_with_ragged_
 def test_greedy_equality_holds_for_short_and_long_drafts(gamma):
     target, draft = pair()
     prompts = toy_prompts(6, 48, 17, seed=3)
-    res = run("speculative_decoding", toy_context(target, draft, {"name": "speculative_decoding", "gamma": gamma},
-                                                  {"temperature": 0}, num_prompts=6), prompts)
+    res = run({"name": "speculative_decoding", "gamma": gamma},
+              toy_context(target, draft, {"temperature": 0}, num_prompts=6), prompts)
     for p, r in zip(prompts, res):
         assert r.candidates[0].tokens == greedy_reference(target, p.ids, 17)
         assert len(r.candidates[0].tokens) <= 17
@@ -231,10 +228,9 @@ def test_sampled_speculative_decoding_reproduces_the_targets_distribution(warp):
 def test_best_of_n_with_the_speculative_sampler_keeps_the_targets_distribution():
     target, draft = pair(vocab=12, sharpness=2.0, noise=1.5)
     prompt = PromptInput("bon", [], [4, 2, 8], prompt_key("bon"), 4)
-    ctx = toy_context(target, draft, {"name": "best_of_n", "n": 3000},
-                      {"sampler": "speculative", "gamma": 2, "temperature": 1.0},
+    ctx = toy_context(target, draft, {"sampler": "speculative", "gamma": 2, "temperature": 1.0},
                       reward=lambda items, m: [0.0] * len(items))
-    (res,) = run("best_of_n", ctx, [prompt])
+    (res,) = run({"name": "best_of_n", "n": 3000}, ctx, [prompt])
     v = target.config.vocab_size
     observed = padded_triples([c.tokens for c in res.candidates], v)
     law = token_law(target, prompt.ids, Warp(1.0))
@@ -248,11 +244,11 @@ def test_sampled_rows_do_not_depend_on_the_batch():
     target, draft = pair()
     prompts = toy_prompts(4, 48, 20, seed=5)
     gen = {"sampler": "speculative", "gamma": 3, "temperature": 1.0}
-    together = run("best_of_n", toy_context(target, draft, {"name": "best_of_n", "n": 3}, gen,
-                                            reward=lambda items, m: [0.0] * len(items), num_prompts=4), prompts)
+    bon = {"name": "best_of_n", "n": 3}
+    together = run(bon, toy_context(target, draft, gen, reward=lambda items, m: [0.0] * len(items), num_prompts=4),
+                   prompts)
     for i, p in enumerate(prompts):
-        (alone,) = run("best_of_n", toy_context(target, draft, {"name": "best_of_n", "n": 3}, gen,
-                                                reward=lambda items, m: [0.0] * len(items)), [p])
+        (alone,) = run(bon, toy_context(target, draft, gen, reward=lambda items, m: [0.0] * len(items)), [p])
         assert [c.tokens for c in alone.candidates] == [c.tokens for c in together[i].candidates]
 
 
@@ -266,8 +262,8 @@ def test_speculative_rejection_with_the_speculative_sampler_runs_and_rejects():
     wanted = [set(range(2 + g, 48, 5)) for g in range(3)]
     gen = {"sampler": "speculative", "gamma": 3, "temperature": 1.0}
     method = {"name": "speculative_rejection", "n": 12, "alpha": 0.5, "schedule": "fixed", "every_k_tokens": 6}
-    ctx = toy_context(target, draft, method, gen, coverage_reward(wanted), num_prompts=3)
-    results = run("speculative_rejection", ctx, prompts)
+    ctx = toy_context(target, draft, gen, coverage_reward(wanted), num_prompts=3)
+    results = run(method, ctx, prompts)
     for res in results:
         rejected = [c for c in res.candidates if c.finish_reason == "rejected"]
         assert rejected and res.stats["rejection_rounds"] > 0
@@ -282,10 +278,9 @@ def test_speculative_rejection_with_alpha_zero_is_best_of_n_with_the_speculative
     prompts = toy_prompts(3, 48, 24, seed=8)
     wanted = [set(range(3 + g, 48, 4)) for g in range(3)]
     gen = {"sampler": "speculative", "gamma": 3, "temperature": 1.0}
-    bon = run("best_of_n", toy_context(target, draft, {"name": "best_of_n", "n": 6}, gen, coverage_reward(wanted), 3),
-              prompts)
+    bon = run({"name": "best_of_n", "n": 6}, toy_context(target, draft, gen, coverage_reward(wanted), 3), prompts)
     method = {"name": "speculative_rejection", "n": 6, "alpha": 0.0, "schedule": "memory", "memory_budget_mb": 0.05}
-    sr = run("speculative_rejection", toy_context(target, draft, method, gen, coverage_reward(wanted), 3), prompts)
+    sr = run(method, toy_context(target, draft, gen, coverage_reward(wanted), 3), prompts)
     assert any(r.stats["rejection_rounds"] > 0 for r in sr)
     for s, b in zip(sr, bon):
         assert [c.tokens for c in s.candidates] == [c.tokens for c in b.candidates]
@@ -394,14 +389,15 @@ def test_ragged_helpers():
 
 
 def test_trio_greedy_speculative_decoding_is_the_targets_greedy_decoding():
-    from tests.trio_helpers import config, demo_rows, run_method, tokens_of
+    from tests.trio_helpers import config, demo_rows, run_method, run_trio, tokens_of
     from workers.runner import Runner
 
     rows = demo_rows(8)
     gen = {"temperature": 0, "max_new_tokens": 40}
+    # through a Runner built from a job config: config -> sampler -> method
     sd_runner = Runner(config(method={"name": "speculative_decoding", "gamma": 4}, generation=gen))
     prompts, sd, _ = run_method(sd_runner, rows)
-    _, greedy, _ = run_method(Runner(config(method={"name": "greedy"}, generation=gen)), rows)
+    _, greedy, _ = run_trio({"name": "greedy"}, rows, gen)
     assert tokens_of(sd) == tokens_of(greedy)
     rates = [r.stats["acceptance_rate"] for r in sd]
     assert len(set(rates)) > 1 and all(r.stats["target_calls_per_token"] < 1.0 for r in sd), rates

@@ -1,16 +1,30 @@
-"""Helpers for tests on the bundled trio: configs, demo prompts, and access to the method layer."""
+"""Helpers for tests on the bundled trio: configs, demo prompts, and access to the method layer.
+
+`run_trio(method, rows, ...)` runs one method on the bundled trio directly, from its own parameters (a dict of
+schemas.methods) and the generation settings: the trio is loaded once per session (through the Runner), and no
+job config (data source, output path) is needed. `run_method(runner, rows)` runs a Runner's configured method.
+"""
 
 from __future__ import annotations
 
 import copy
+import functools
+from dataclasses import replace
 
 import torch
+from pydantic import TypeAdapter
 
 import assets
 from pipeline.preflight import resolved
-from schemas.config import JobConfig, validate_config
+from schemas.config import GenerationConfig, JobConfig, validate_config
+from schemas.methods import Method
 from workers.cost import Meter
+from workers.methods import get_method
+from workers.methods.common import Context, PoolSampler, PromptInput
+from workers.methods.measures import add_measures
+from workers.rewards import LexicalReward
 from workers.runner import Runner
+from workers.sampling import Warp
 
 BASE = {
     "name": "test",
@@ -48,13 +62,57 @@ def demo_rows(limit: int | None = None) -> list[dict]:
 
 
 def run_method(runner: Runner, rows: list[dict]):
-    """The method's own results (with token ids) for rows, through the runner's preparation."""
+    """The configured method's results (with token ids and the quality measures) for rows, through the runner's
+    preparation: (prompts, results, meter)."""
     ready, errors = runner.prepare(rows)
     assert not errors, errors
-    meter = Meter(len(ready))
+    prompts = [p for _, p in ready]
+    meter = Meter(len(prompts))
+    ctx = runner.context_for(meter)
     with torch.inference_mode():
-        results = runner.method(runner.context_for(meter), [p for _, p in ready])
-    return [p for _, p in ready], results, meter
+        results = runner.method(ctx, runner.config.method, prompts)
+        add_measures(ctx, prompts, results)
+    return prompts, results, meter
+
+
+@functools.lru_cache(maxsize=None)
+def trio() -> Runner:
+    """The bundled trio (target, draft, reward model), loaded once per session. Methods must not change it."""
+    return Runner(config(method={"name": "speculative_decoding"}))  # a draft method, so that the draft loads
+
+
+def params_of(method: dict):
+    """A method's own parameters (its class of schemas.methods) from a dict such as {"name": "mjsd", "tau": 1}."""
+    return TypeAdapter(Method).validate_python(method)
+
+
+def trio_context(meter: Meter, generation: dict | None = None, seed: int = 0, reward: str = "model") -> Context:
+    """A Context on the bundled trio: generation settings over BASE's, `reward` 'model' (the tiny reward model) or
+    'lexical' (concept coverage)."""
+    g = GenerationConfig(**merge(BASE["generation"], generation or {}))
+    ctx = trio().context_for(meter)
+    return replace(ctx, warp=Warp(g.temperature, g.top_k, g.top_p), seed=seed,
+                   pool_sampler=PoolSampler(g.sampler, g.gamma),
+                   reward={"model": ctx.reward, "lexical": LexicalReward()}[reward])
+
+
+def trio_prompts(rows: list[dict], max_new_tokens: int | None = None) -> list[PromptInput]:
+    """Rows as the trio's prompts (chat template, RNG key, token limit: BASE's max_new_tokens unless given)."""
+    ready, errors = trio().prepare(rows, max_new_tokens or BASE["generation"]["max_new_tokens"])
+    assert not errors, errors
+    return [p for _, p in ready]
+
+
+def run_trio(method: dict, rows: list[dict], generation: dict | None = None, seed: int = 0, reward: str = "model"):
+    """Run a method, from its own parameters, on the bundled trio as the Runner would (the method, then the quality
+    measures): (prompts, results, meter)."""
+    prompts = trio_prompts(rows, (generation or {}).get("max_new_tokens"))
+    meter = Meter(len(prompts))
+    ctx = trio_context(meter, generation, seed, reward)
+    with torch.inference_mode():
+        results = get_method(method["name"])(ctx, params_of(method), prompts)
+        add_measures(ctx, prompts, results)
+    return prompts, results, meter
 
 
 def tokens_of(results) -> list[list[list[int]]]:

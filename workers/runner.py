@@ -17,7 +17,8 @@ from schemas.rows import error_row, prompt_problem
 from workers.cost import Meter
 from workers.loading import load_causal_lm, load_reward_model, pick_device
 from workers.methods import get_method
-from workers.methods.common import Context, PromptInput
+from workers.methods.measures import add_measures
+from workers.methods.common import Context, PoolSampler, PromptInput
 from workers.rewards import LexicalReward, LogprobReward, ModelReward, PythonReward, render
 from workers.sampling import Warp, prompt_key
 
@@ -84,9 +85,13 @@ class Runner:
             return self.tokenizer(text, add_special_tokens=False)["input_ids"]
         return self.tokenizer(render(self.tokenizer, messages, False))["input_ids"]
 
-    def prepare(self, rows: list[dict]) -> tuple[list[tuple[int, PromptInput]], dict[int, dict]]:
-        """Split input rows into runnable prompts (with their position) and error rows (by position)."""
+    def prepare(self, rows: list[dict], max_new_tokens: int | None = None
+                ) -> tuple[list[tuple[int, PromptInput]], dict[int, dict]]:
+        """Split input rows into runnable prompts (with their position) and error rows (by position).
+        `max_new_tokens`: the most new tokens per response (default generation.max_new_tokens)."""
         name = self.config.method.name
+        if max_new_tokens is None:
+            max_new_tokens = self.config.generation.max_new_tokens
         ready: list[tuple[int, PromptInput]] = []
         errors: dict[int, dict] = {}
         for i, row in enumerate(rows):
@@ -99,15 +104,17 @@ class Runner:
                 errors[i] = error_row(row["prompt_id"], row["prompt"], name, problem)
                 continue
             concepts = row.get("concepts")
-            limit = min(self.config.generation.max_new_tokens, self.context - len(ids))
+            limit = min(max_new_tokens, self.context - len(ids))
             prompt = PromptInput(row["prompt_id"], row["prompt"], ids, prompt_key(row["prompt_id"]), limit,
                                  list(concepts) if concepts is not None else None)
             ready.append((i, prompt))
         return ready, errors
 
     def context_for(self, meter: Meter) -> Context:
-        return Context(self.config, self.target, self.tokenizer, self.draft, self.reward, meter, self.warp,
-                       self.eos_ids, self.pad_id)
+        """What the methods share for one batch: the loaded models, the config's sampling settings and seed."""
+        g = self.config.generation
+        return Context(self.target, self.tokenizer, self.draft, self.reward, meter, self.warp, self.config.seed,
+                       self.eos_ids, self.pad_id, PoolSampler(g.sampler, g.gamma))
 
     @torch.inference_mode()
     def run(self, rows: list[dict]) -> list[dict]:
@@ -118,10 +125,13 @@ class Runner:
             return out
         meter = Meter(len(ready))
         meter.started = started
-        results = self.method(self.context_for(meter), [p for _, p in ready])
+        ctx = self.context_for(meter)
+        prompts = [p for _, p in ready]
+        results = self.method(ctx, self.config.method, prompts)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        costs = meter.per_prompt(self.config.resources.gpus_per_worker or 1.0)
+        costs = meter.per_prompt(self.config.resources.gpus_per_worker or 1.0)  # the cost window closes here
+        add_measures(ctx, prompts, results)  # quality measures, not billed
         for (i, p), res, cost in zip(ready, results, costs):
             best = res.best_index
             cand = res.candidates[best] if best is not None else None

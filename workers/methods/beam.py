@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
+from schemas.methods import Beam
 from workers.methods.common import Candidate, Context, MethodResult, PromptInput
 from workers.speculative import Side, Tally
 from workers.engine import left_pad
@@ -114,6 +115,5 @@ def run_beam(ctx: Context, prompts: list[PromptInput], num_beams: int, length_pe
     return results
 
 
-def beam(ctx: Context, prompts: list[PromptInput]) -> list[MethodResult]:
-    m = ctx.config.method
-    return run_beam(ctx, prompts, m.num_beams, m.length_penalty)
+def beam(ctx: Context, params: Beam, prompts: list[PromptInput]) -> list[MethodResult]:
+    return run_beam(ctx, prompts, params.num_beams, params.length_penalty)

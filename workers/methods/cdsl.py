@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import torch
 
+from schemas.methods import CDLH, CDSL, CDLHAppx
 from workers.cost import Meter
 from workers.methods.common import Context, MethodResult, PromptInput
 from workers.methods.speculative import decode_rows, finish, score_rows
@@ -313,16 +314,14 @@ def run_cdlh(ctx: Context, prompts: list[PromptInput], d: int, k: int, approx: b
     return finish(ctx, prompts, out, tally, speculative=False)
 
 
-def cdsl(ctx: Context, prompts: list[PromptInput]) -> list[MethodResult]:
-    m = ctx.config.method
-    return run_cdsl(ctx, prompts, m.lookahead, m.top_k, m.accept_threshold, m.reward_threshold, m.b, m.validation)
+def cdsl(ctx: Context, params: CDSL, prompts: list[PromptInput]) -> list[MethodResult]:
+    p = params
+    return run_cdsl(ctx, prompts, p.lookahead, p.top_k, p.accept_threshold, p.reward_threshold, p.b, p.validation)
 
 
-def cdlh(ctx: Context, prompts: list[PromptInput]) -> list[MethodResult]:
-    m = ctx.config.method
-    return run_cdlh(ctx, prompts, m.lookahead, m.top_k, approx=False)
+def cdlh(ctx: Context, params: CDLH, prompts: list[PromptInput]) -> list[MethodResult]:
+    return run_cdlh(ctx, prompts, params.lookahead, params.top_k, approx=False)
 
 
-def cdlh_appx(ctx: Context, prompts: list[PromptInput]) -> list[MethodResult]:
-    m = ctx.config.method
-    return run_cdlh(ctx, prompts, m.lookahead, m.top_k, approx=True)
+def cdlh_appx(ctx: Context, params: CDLHAppx, prompts: list[PromptInput]) -> list[MethodResult]:
+    return run_cdlh(ctx, prompts, params.lookahead, params.top_k, approx=True)

@@ -1,4 +1,10 @@
-"""What every method takes and returns, and the context it runs in."""
+"""What every method takes and returns, and the context it runs in.
+
+A method is `fn(ctx: Context, params, prompts: list[PromptInput]) -> list[MethodResult]`: `params` is the method's
+own section of the config (a class of schemas.methods, e.g. `SpeculativeRejection`), `ctx` what every method
+shares (the models, the sampling warp, the seed, the cost meter), and the result list has one entry per prompt, in
+order.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +14,6 @@ from typing import Callable
 
 import torch
 
-from schemas.config import JobConfig
 from workers.cost import Meter
 from workers.rewards import Scored
 from workers.sampling import Warp
@@ -51,23 +56,30 @@ class MethodResult:
     stats: dict = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class PoolSampler:
+    """How a candidate pool (best_of_n, speculative_rejection) samples: `kind` 'target' (token by token) or
+    'speculative' (the draft proposes `gamma` tokens, the target verifies them): generation.sampler and .gamma."""
+
+    kind: str
+    gamma: int
+
+
 @dataclass
 class Context:
-    """Everything a method needs: models, tokenizer, sampling settings, the reward and the cost meter."""
+    """What every method shares: the models and tokenizer, the reward, the sampling warp and seed, the pool
+    sampler, and the cost meter of the batch. A method's own parameters come separately (its `params`)."""
 
-    config: JobConfig
     target: torch.nn.Module
     tokenizer: object
     draft: torch.nn.Module | None
     reward: Callable[[list[Scored], Meter], list[float]] | None
     meter: Meter
     warp: Warp
+    seed: int
     eos_ids: list[int]
     pad_id: int
-
-    @property
-    def seed(self) -> int:
-        return self.config.seed
+    pool_sampler: PoolSampler
 
     def decode(self, tokens: list[int]) -> str:
         return self.tokenizer.decode(tokens, skip_special_tokens=True).strip()

@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -54,14 +53,3 @@ def add_measures(ctx: Context, prompts: list[PromptInput], results: list[MethodR
         results[i].stats["perplexity"] = value
         results[i].stats.update(constraint_stats(best[i].text, prompts[i].concepts))
 
-
-def with_measures(method):
-    """Wrap a method so that its results carry the measures of `add_measures`."""
-
-    @functools.wraps(method)
-    def run(ctx: Context, prompts: list[PromptInput]) -> list[MethodResult]:
-        results = method(ctx, prompts)
-        add_measures(ctx, prompts, results)
-        return results
-
-    return run

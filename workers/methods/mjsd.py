@@ -26,6 +26,7 @@ import math
 
 import torch
 
+from schemas.methods import MJSD
 from workers.cost import Meter
 from workers.methods.common import Context, MethodResult, PromptInput
 from workers.methods.speculative import decode_rows, finish
@@ -182,6 +183,5 @@ def run_mjsd(ctx: Context, prompts: list[PromptInput], gamma: int, num_beams: in
     return finish(ctx, prompts, out, tally)
 
 
-def mjsd(ctx: Context, prompts: list[PromptInput]) -> list[MethodResult]:
-    m = ctx.config.method
-    return run_mjsd(ctx, prompts, m.gamma, m.num_beams, m.tau)
+def mjsd(ctx: Context, params: MJSD, prompts: list[PromptInput]) -> list[MethodResult]:
+    return run_mjsd(ctx, prompts, params.gamma, params.num_beams, params.tau)

@@ -1,4 +1,5 @@
-"""Best-of-N and Speculative Rejection (paper 001, Algorithm 1) on one candidate pool per prompt.
+"""Best-of-N and Speculative Rejection (paper 001, Algorithm 1; docs/references.md) on one candidate pool per
+prompt.
 
 Several prompts share one batch; each prompt's candidates form its pool. Generation runs until a *decision
 token*; there every running candidate gets a partial reward, candidates that finished since the last decision get
@@ -6,26 +7,33 @@ their final reward, and, per prompt, the running candidates whose partial reward
 
     r_cut = q_alpha(R_partial)                                                     (eq. 4)
 
-stop (finish_reason "rejected"); the others continue (eq. 5). R_partial holds the rewards of every candidate that
-was running at the start of the round, the finished ones included (their partial reward is their final one).
-q_alpha is the lower alpha-quantile as an order statistic: the (floor(alpha * b) + 1)-th smallest of the b values,
-so floor(alpha * b) candidates fall strictly below it when there are no ties; ties at the cut are kept, and
-alpha = 0 keeps every candidate. The answer is the finished candidate with the highest final reward (eq. 6).
+stop (finish_reason "rejected"); the others continue (eq. 5). R_partial holds the partial rewards of the running
+candidates and the final rewards of those that finished since the last decision. q_alpha is the lower
+alpha-quantile as an order statistic: the (floor(alpha * b) + 1)-th smallest of the b values, so floor(alpha * b)
+candidates fall strictly below it when there are no ties; ties at the cut are kept, and alpha = 0 keeps every
+candidate. The cut itself is the pure function `rejection_cut`. The answer is the finished candidate with the
+highest final reward (eq. 6).
 
 Best-of-N is the same pool with no decision tokens. Rejected rows leave the KV cache by row selection, so a
-round costs the scoring and nothing more.
+round costs the scoring and nothing more. The driver, `run_pool`, loops over plain functions of a `Pool`:
+`harvest` (finished rows into their pools), `decide` (one rejection round) and `pool_results`.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Sequence
 
 import torch
 
+from schemas.methods import BestOfN, SpeculativeRejection
 from workers.engine import Rows
 from workers.methods.common import Candidate, Context, MethodResult, PromptInput, best_of, reward_stats
-from workers.methods.samplers import make_sampler
+from workers.methods.samplers import pool_sampler
+from workers.rewards import Scored
 
 # Dead (finished) rows leave the cache once they are at least 1/COMPACT_FRACTION of the batch.
 COMPACT_FRACTION = 8
@@ -87,122 +95,195 @@ class MemorySchedule:
             self.armed = True
 
 
-def cut_value(values: list[float], alpha: float) -> float:
+def cut_value(values: Sequence[float], alpha: float) -> float:
     """q_alpha as an order statistic: the (floor(alpha * b) + 1)-th smallest of b values."""
     ordered = sorted(values)
     return ordered[min(int(math.floor(alpha * len(ordered))), len(ordered) - 1)]
 
 
-def memory_budget_bytes(method, device: torch.device) -> float:
-    """The KV budget: method.memory_budget_mb, or on GPU the free memory x memory_fraction (the smaller of the two
-    when both exist)."""
-    budget = math.inf
-    if method.memory_budget_mb is not None:
-        budget = method.memory_budget_mb * 2**20
+def rejection_cut(scores: Sequence[float], finished: Sequence[float], alpha: float) -> list[int]:
+    """One prompt's decision (paper 001, equations 4-5): the indices of the running candidates that continue.
+
+    scores: partial rewards of the prompt's running candidates; finished: final rewards of its candidates that
+    finished since the last decision. Both make up R_partial (eq. 3), of b values, and
+
+        r_cut = q_alpha(R_partial)                                                 (eq. 4)
+        candidate i continues  <=>  scores[i] >= r_cut                             (eq. 5)
+
+    where q_alpha is the (floor(alpha * b) + 1)-th smallest of the b values (`cut_value`): floor(alpha * b) values
+    fall strictly below it when there are no ties; ties at the cut continue; alpha = 0 keeps every running
+    candidate. Finished candidates count in R_partial but are neither kept nor rejected (they have finished)."""
+    if not scores:
+        return []
+    r_cut = cut_value(list(scores) + list(finished), alpha)
+    return [i for i, s in enumerate(scores) if s >= r_cut]
+
+
+def host_available_bytes() -> int | None:
+    """Memory the host can still give (MemAvailable of /proc/meminfo, else sysconf's available pages), or None."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024  # the value is in kB
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def memory_budget_bytes(params: SpeculativeRejection, device: torch.device) -> int:
+    """The KV budget of the memory schedule: the free memory of the device (on CUDA, torch.cuda.mem_get_info; on
+    CPU, the host's available memory) x memory_fraction, capped by memory_budget_mb when it is set."""
     if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        budget = min(budget, free * method.memory_fraction)
+        free: int | None = torch.cuda.mem_get_info(device)[0]
+    else:
+        free = host_available_bytes()
+    budget = math.inf if free is None else free * params.memory_fraction
+    if params.memory_budget_mb is not None:
+        budget = min(budget, params.memory_budget_mb * 2**20)
     if not math.isfinite(budget):
-        raise ValueError("method.memory_budget_mb: required on CPU when schedule is 'memory'")
-    return budget
+        raise ValueError("method.memory_budget_mb: the host's available memory could not be read (/proc/meminfo, "
+                         "sysconf); set method.memory_budget_mb to give the memory schedule its KV budget")
+    return int(budget)
 
 
-@torch.inference_mode()
-def run_pool(ctx: Context, prompts: list[PromptInput], n: int, alpha: float, schedule) -> list[MethodResult]:
-    """Decode n candidates per prompt, with a rejection round at each decision token the schedule calls."""
-    sampler = make_sampler(ctx)
-    rows = sampler.prefill([p.ids for p in prompts], n, [p.key for p in prompts], [p.limit for p in prompts])
-    pools: list[list[Candidate | None]] = [[None] * n for _ in prompts]
-    partials: dict[tuple[int, int], list[float]] = defaultdict(list)  # (prompt, cand) -> partial rewards
-    decisions: dict[int, list[int]] = defaultdict(list)  # prompt -> response length at each of its decisions
-    unscored: list[tuple[int, int]] = []  # finished since the last decision, no final reward yet
+# ---------------------------------------------------------------------------------------------------------------
+# The candidate pools of one batch of prompts, while they decode
 
-    def live_rows() -> tuple[list[tuple[int, int]], list[list[int]]]:
-        keys = list(zip(rows.group.tolist(), rows.cand.tolist()))
-        tokens = [t[:k] for t, k in zip(rows.tokens.tolist(), rows.length.tolist())]
-        return keys, tokens
 
-    def harvest() -> None:
-        """Move finished rows (EOS or length limit) into their pools; they leave the cache in bulk."""
-        done = sampler.done(rows)
-        if bool(done.any()):
-            idx = done.nonzero().flatten()
-            keys = zip(rows.group[idx].tolist(), rows.cand[idx].tolist())
-            for (g, c), t, k in zip(keys, rows.tokens[idx].tolist(), rows.length[idx].tolist()):
-                pools[g][c] = Candidate(t[:k], ctx.finish_reason(t[:k]))
-                unscored.append((g, c))
-            rows.alive &= ~done
-        rows.compact(min_dead=max(1, rows.size // COMPACT_FRACTION))
+@dataclass
+class Pool:
+    """Every prompt's candidate pool while a batch decodes: the running rows are in `batch` (the sampler's), the
+    finished and rejected candidates in `pools`."""
 
-    def decide() -> None:
-        """One rejection round: partial rewards, the alpha-quantile cut per prompt, row selection."""
-        rows.compact()
-        live, tokens = live_rows()
-        items = [ctx.scored(g, prompts[g], t) for (g, _), t in zip(live, tokens)]
-        items += [ctx.scored(g, prompts[g], pools[g][c].tokens) for g, c in unscored]
-        scores = ctx.score(items)
-        live_scores = scores[: len(live)]
-        for (g, c), s in zip(unscored, scores[len(live):]):
-            pools[g][c].reward = s
-        r_partial: dict[int, list[float]] = defaultdict(list)  # eq. 3, per prompt
-        for (g, c), s, t in zip(live, live_scores, tokens):
-            r_partial[g].append(s)
-            partials[(g, c)].append(s)
-        for g, c in unscored:
-            r_partial[g].append(pools[g][c].reward)
-        for g in {g for g, _ in live}:
-            decisions[g].append(max(len(t) for (gg, _), t in zip(live, tokens) if gg == g))
-        r_cut = {g: cut_value(v, alpha) for g, v in r_partial.items()}  # eq. 4
-        keep = []
-        for i, ((g, c), s) in enumerate(zip(live, live_scores)):
-            if s >= r_cut[g]:  # eq. 5
-                keep.append(i)
-            else:
-                pools[g][c] = Candidate(tokens[i], "rejected")
-        schedule.rejected(len(live) - len(keep))
-        unscored.clear()
-        rows.select(torch.tensor(keep, dtype=torch.long, device=rows.pending.device))
+    prompts: list[PromptInput]
+    sampler: object  # workers.engine.Engine or workers.speculative.SpeculativeEngine
+    batch: Rows
+    pools: list[list[Candidate | None]]  # [prompt][cand]; None while the candidate runs
+    partials: dict[tuple[int, int], list[float]] = field(default_factory=lambda: defaultdict(list))  # (prompt, cand)
+    decisions: dict[int, list[int]] = field(default_factory=lambda: defaultdict(list))  # prompt -> response lengths
+    unscored: list[tuple[int, int]] = field(default_factory=list)  # finished since the last decision, no reward yet
 
-    while True:
-        harvest()
-        if not bool(rows.alive.any()):
-            break
-        if schedule.due(rows, sampler):
-            decide()
-            if not bool(rows.alive.any()):
-                break
-        sampler.step(rows)
+    @property
+    def running(self) -> bool:
+        return bool(self.batch.alive.any())
 
-    if unscored:
-        scores = ctx.score([ctx.scored(g, prompts[g], pools[g][c].tokens) for g, c in unscored])
-        for (g, c), s in zip(unscored, scores):
-            pools[g][c].reward = s
 
+def open_pool(prompts: list[PromptInput], n: int, sampler) -> Pool:
+    """Prefill every prompt once and start n candidates each."""
+    batch = sampler.prefill([p.ids for p in prompts], n, [p.key for p in prompts], [p.limit for p in prompts])
+    return Pool(prompts, sampler, batch, [[None] * n for _ in prompts])
+
+
+def running_candidates(pool: Pool) -> tuple[list[tuple[int, int]], list[list[int]]]:
+    """(prompt, cand) and the tokens so far of each row of the batch, in row order."""
+    b = pool.batch
+    keys = list(zip(b.group.tolist(), b.cand.tolist()))
+    tokens = [t[:k] for t, k in zip(b.tokens.tolist(), b.length.tolist())]
+    return keys, tokens
+
+
+def harvest(ctx: Context, pool: Pool) -> None:
+    """Move finished rows (EOS or length limit) into their pools; they leave the cache in bulk."""
+    b = pool.batch
+    done = pool.sampler.done(b)
+    if bool(done.any()):
+        idx = done.nonzero().flatten()
+        keys = zip(b.group[idx].tolist(), b.cand[idx].tolist())
+        for (g, c), t, k in zip(keys, b.tokens[idx].tolist(), b.length[idx].tolist()):
+            pool.pools[g][c] = Candidate(t[:k], ctx.finish_reason(t[:k]))
+            pool.unscored.append((g, c))
+        b.alive &= ~done
+    b.compact(min_dead=max(1, b.size // COMPACT_FRACTION))
+
+
+def score_finished(ctx: Context, pool: Pool, extra: list[Scored] = ()) -> list[float | None]:
+    """Give the candidates finished since the last decision their final reward, scoring `extra` items in the same
+    call; returns the rewards of `extra`."""
+    items = list(extra) + [ctx.scored(g, pool.prompts[g], pool.pools[g][c].tokens) for g, c in pool.unscored]
+    scores = ctx.score(items)
+    for (g, c), s in zip(pool.unscored, scores[len(extra):]):
+        pool.pools[g][c].reward = s
+    return scores[: len(extra)]
+
+
+def decide(ctx: Context, pool: Pool, alpha: float) -> int:
+    """One rejection round: partial rewards of the running candidates, final rewards of those finished since the
+    last round, `rejection_cut` per prompt, and row selection. Returns the number of candidates rejected."""
+    pool.batch.compact()
+    live, tokens = running_candidates(pool)
+    finished: dict[int, list[float]] = defaultdict(list)
+    scores = score_finished(ctx, pool, [ctx.scored(g, pool.prompts[g], t) for (g, _), t in zip(live, tokens)])
+    for g, c in pool.unscored:
+        finished[g].append(pool.pools[g][c].reward)
+    pool.unscored.clear()
+    rows_of: dict[int, list[int]] = defaultdict(list)  # prompt -> its rows in the batch
+    for i, ((g, c), s) in enumerate(zip(live, scores)):
+        pool.partials[(g, c)].append(s)
+        rows_of[g].append(i)
+    keep: list[int] = []
+    for g, rows in rows_of.items():
+        pool.decisions[g].append(max(len(tokens[i]) for i in rows))
+        keep += [rows[k] for k in rejection_cut([scores[i] for i in rows], finished[g], alpha)]
+    keep.sort()
+    kept = set(keep)
+    for i, (g, c) in enumerate(live):
+        if i not in kept:
+            pool.pools[g][c] = Candidate(tokens[i], "rejected")
+    pool.batch.select(torch.tensor(keep, dtype=torch.long, device=pool.batch.pending.device))
+    return len(live) - len(keep)
+
+
+def pool_results(ctx: Context, pool: Pool) -> list[MethodResult]:
+    """Each prompt's candidates (decoded), its answer (eq. 6: the finished one with the highest reward), stats."""
     results = []
-    for g, pool in enumerate(pools):
-        for c, cand in enumerate(pool):
+    for g, cands in enumerate(pool.pools):
+        for c, cand in enumerate(cands):
             cand.text = ctx.decode(cand.tokens)
-            cand.partial_rewards = partials.get((g, c), [])
+            cand.partial_rewards = pool.partials.get((g, c), [])
         stats = {
-            "generated_tokens": sum(len(c.tokens) for c in pool),
-            "finished_candidates": sum(c.finish_reason != "rejected" for c in pool),
-            "rejection_rounds": len(decisions[g]),
-            "decision_tokens": decisions[g],
-            **reward_stats(pool),
-            **sampler.stats(g),
+            "generated_tokens": sum(len(c.tokens) for c in cands),
+            "finished_candidates": sum(c.finish_reason != "rejected" for c in cands),
+            "rejection_rounds": len(pool.decisions[g]),
+            "decision_tokens": pool.decisions[g],
+            **reward_stats(cands),
+            **pool.sampler.stats(g),
         }
-        results.append(MethodResult(pool, best_of(pool), stats))  # eq. 6
+        results.append(MethodResult(cands, best_of(cands), stats))  # eq. 6
     return results
 
 
-def best_of_n(ctx: Context, prompts: list[PromptInput]) -> list[MethodResult]:
-    return run_pool(ctx, prompts, ctx.config.method.n, 0.0, NoDecisions())
+@torch.inference_mode()
+def run_pool(ctx: Context, prompts: list[PromptInput], n: int, alpha: float, schedule, sampler) -> list[MethodResult]:
+    """Decode n candidates per prompt with `sampler`, with a rejection round at each decision token the schedule
+    calls."""
+    pool = open_pool(prompts, n, sampler)
+    while True:
+        harvest(ctx, pool)
+        if not pool.running:
+            break
+        if schedule.due(pool.batch, sampler):
+            schedule.rejected(decide(ctx, pool, alpha))
+            if not pool.running:
+                break
+        sampler.step(pool.batch)
+    if pool.unscored:
+        score_finished(ctx, pool)
+    return pool_results(ctx, pool)
 
 
-def speculative_rejection(ctx: Context, prompts: list[PromptInput]) -> list[MethodResult]:
-    m = ctx.config.method
-    if m.schedule == "fixed":
-        schedule = FixedSchedule(m.every_k_tokens)
-    else:
-        schedule = MemorySchedule(memory_budget_bytes(m, next(ctx.target.parameters()).device))
-    return run_pool(ctx, prompts, m.n, m.alpha, schedule)
+def best_of_n(ctx: Context, params: BestOfN, prompts: list[PromptInput]) -> list[MethodResult]:
+    return run_pool(ctx, prompts, params.n, 0.0, NoDecisions(), pool_sampler(ctx))
+
+
+def speculative_rejection(ctx: Context, params: SpeculativeRejection, prompts: list[PromptInput]) -> list[MethodResult]:
+    if params.schedule == "fixed":
+        return run_pool(ctx, prompts, params.n, params.alpha, FixedSchedule(params.every_k_tokens), pool_sampler(ctx))
+    budget = memory_budget_bytes(params, next(ctx.target.parameters()).device)
+    results = run_pool(ctx, prompts, params.n, params.alpha, MemorySchedule(budget), pool_sampler(ctx))
+    for r in results:
+        r.stats["memory_budget_bytes"] = budget
+    return results

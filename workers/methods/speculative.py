@@ -11,15 +11,17 @@ from typing import Callable
 
 import torch
 
+from schemas.methods import SpeculativeDecoding
 from workers.methods.common import Candidate, Context, MethodResult, PromptInput
 from workers.methods.rejection import NoDecisions, run_pool
+from workers.methods.samplers import make_sampler
 from workers.speculative import SpecRows, Tally, open_rows
 
 
-def speculative_decoding(ctx: Context, prompts: list[PromptInput]) -> list[MethodResult]:
+def speculative_decoding(ctx: Context, params: SpeculativeDecoding, prompts: list[PromptInput]) -> list[MethodResult]:
     if ctx.draft is None:
         raise ValueError("models.draft: required by method 'speculative_decoding'")
-    results = run_pool(ctx, prompts, 1, 0.0, NoDecisions())  # make_sampler picks the speculative sampler
+    results = run_pool(ctx, prompts, 1, 0.0, NoDecisions(), make_sampler(ctx, "speculative", params.gamma))
     for r in results:
         r.best_index = 0
     return results
