@@ -1,8 +1,9 @@
-"""`winnow report RUN_DIR... --out DIR [--baseline RUN_DIR]`: which run gave the most reward per dollar.
+"""`winnow report RUN_DIR... --out DIR [--baseline RUN_DIR]`: which runs are worth their cost.
 
-Writes report.md (winner first, tables, plots), report.json (every number) and PNG plots. The metrics and their
-definitions (improvement score, relative compute, reward gained per USD) are in `reporting.stats`; the files are
-assembled in `reporting.render`. Without --baseline the first RUN_DIR is the baseline.
+Writes report.md (the cost-reward frontier first, tables, plots), report.json (every number) and PNG plots. The
+metrics and their definitions are in `reporting.stats` (improvement score, relative compute, reward gained per USD,
+bootstrap intervals) and `reporting.frontier` (the frontier, dominance, marginal cost); the files are assembled in
+`reporting.render`. Without --baseline the first RUN_DIR is the baseline.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from runfolder.runs import folder_key, load_run, load_runs
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="winnow report",
-        description="Compare runs by cost per unit of reward, and against a baseline by paper 001's improvement "
-        "score and relative compute. Writes report.md, report.json and PNG plots to --out.",
+        description="Compare runs by cost and reward: the cost-reward frontier (the runs no other run beats on both "
+        "USD per prompt and mean best reward) with the marginal cost of reward, and against a baseline by paper "
+        "001's improvement score and relative compute. Writes report.md, report.json and PNG plots to --out.",
     )
     p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folders (local or s3://bucket/prefix)")
     p.add_argument("--out", required=True, help="report folder (local or s3://); refused if it exists and is not "

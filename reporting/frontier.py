@@ -134,7 +134,8 @@ def build_frontier(runs: list[Run], labels: list[str], base_index: int) -> tuple
                                                 else within_intervals(p, base))
     block["order"] = [p.label for p in sorted(points, key=lambda p: verdicts[p.label]["position"] or 0)
                       if verdicts[p.label]["on_frontier"]]
-    block["dominated"] = {p.label: verdicts[p.label]["dominated_by"] for p in points
+    block["dominated"] = {p.label: verdicts[p.label]["dominated_by"]  # cheapest first, like the frontier
+                          for p in sorted(points, key=lambda p: (p.usd, -p.reward, p.label))
                           if not verdicts[p.label]["on_frontier"]}
     by_label = {p.label: p for p in points}
     for p, i in zip(points, placed):

@@ -92,6 +92,18 @@ def _bar_box(ax, x: float, low: float, high: float, dx_pt: float = 0.0) -> Bbox:
     return Bbox([[px - 3, min(p0, p1)], [px + 3, max(p0, p1)]])
 
 
+def _line_boxes(ax, xs: list[float], ys: list[float], step_px: float = 6.0) -> list[Bbox]:
+    """Small boxes along a polyline (display space), so labels can keep off it."""
+    disp = ax.transData.transform(list(zip(xs, ys)))
+    out = []
+    for (x0, y0), (x1, y1) in zip(disp[:-1], disp[1:]):
+        n = max(1, int(((x1 - x0) ** 2 + (y1 - y0) ** 2) ** 0.5 / step_px))
+        for i in range(n + 1):
+            x, y = x0 + (x1 - x0) * i / n, y0 + (y1 - y0) * i / n
+            out.append(Bbox([[x - 1.5, y - 1.5], [x + 1.5, y + 1.5]]))
+    return out
+
+
 def _dodges(ax, xy: list[tuple[float, float]], near_px: float = 8.0, step_pt: float = 6.0) -> list[float]:
     """Horizontal offsets (points) that spread points drawn on (nearly) the same spot, so each one's error bar
     stays visible: 0 for a point alone, then +step, -step, +2 step... for the later ones of a group."""
@@ -190,7 +202,7 @@ def reward_vs_cost_figure(points: list[dict], frontier: list[str], single_sample
                            gid="frontier", label="cost-reward frontier (no run is cheaper and better)")[0])
 
     dodge = _dodges(ax, [(p["usd"], p["reward"]) for p in points])
-    obstacles = []
+    obstacles = _line_boxes(ax, [p["usd"] for p in front], [p["reward"] for p in front])
     for i, (p, dx) in enumerate(zip(points, dodge)):
         star = p.get("is_baseline")
         size = 13 if star else 8

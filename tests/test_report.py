@@ -388,6 +388,26 @@ def test_frontier_headline_and_tables(frontier_report):
     assert "within each other's intervals" in md.split("## Definitions")[1]
 
 
+def test_runs_without_completed_prompts_are_not_placed(tmp_path):
+    good = [row(f"p{i}", [cand("a", float(i)), cand("b", 0.0)]) for i in range(4)]
+    base = write_run(str(tmp_path / "base"), good, name="base")
+    broken = write_run(str(tmp_path / "broken"), [err_row(f"p{i}") for i in range(4)], name="broken")
+    cheap = write_run(str(tmp_path / "cheap"), [row(f"p{i}", [cand("a", float(i) + 1)], device_seconds=0.5)
+                                                 for i in range(1, 4)], name="cheap")
+    out = tmp_path / "out"
+    assert main([base, broken, cheap, "--out", str(out)]) == 0
+    report = json.loads((out / "report.json").read_text())
+    fr = report["frontier"]
+    assert fr["prompts"] == 3  # p0 is missing from cheap, so the frontier is over p1..p3
+    assert fr["order"] == ["cheap"] and fr["dominated"] == {"base": ["cheap"]}
+    assert list(fr["not_placed"]) == ["broken"]
+    runs = {e["label"]: e["frontier"] for e in report["runs"]}
+    assert runs["broken"] == {"placed": False} and runs["base"]["mean_best_reward"] == pytest.approx(2.0)
+    md = (out / "report.md").read_text()
+    assert "Not placed: broken (no prompt completed" in md.split("\n\n")[1]
+    assert "| broken | best_of_n | not placed |" in md
+
+
 def _frontier_points(report: dict) -> list[dict]:
     return [{"label": e["label"], "method": e["method"], "usd": e["frontier"]["usd_per_prompt"],
              "reward": e["frontier"]["mean_best_reward"], "low": e["frontier"]["interval"][0],
