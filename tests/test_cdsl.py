@@ -6,6 +6,9 @@ distribution from scratch (no cache); the batched methods must take the same tok
 
 from __future__ import annotations
 
+import math
+
+import pytest
 import torch
 
 from tests.test_speculative import (  # noqa: F401  (one_thread is an autouse fixture)
@@ -238,6 +241,29 @@ def test_perplexity_is_the_targets_and_outside_the_cost():
         nll = -sum(float(lp[len(p.ids) - 1 + i, t]) for i, t in enumerate(toks)) / len(toks)
         assert abs(res.stats["perplexity"] - float(torch.tensor(nll).exp())) < 1e-3 * res.stats["perplexity"]
     assert perplexities(target, 0, [[3, 4]], [[]]) == [None]
+
+
+@pytest.mark.parametrize("elements", [1 << 24, 1])  # one log-sum-exp for the batch, or one per position
+def test_perplexity_by_gather_and_logsumexp_is_the_log_softmax_one(elements, monkeypatch):
+    """On the bundled trio: the chunked gather-then-logsumexp gives the log_softmax numbers over the whole sequence."""
+    from tests.trio_helpers import demo_rows, trio, trio_prompts
+    from workers.engine import left_pad, position_ids
+    from workers.methods import measures
+
+    monkeypatch.setattr(measures, "LOGSUMEXP_ELEMENTS", elements)
+    target = trio().target
+    prompts = [p.ids for p in trio_prompts(demo_rows(5))]
+    gen = torch.Generator().manual_seed(0)
+    vocab = target.config.get_text_config().vocab_size
+    responses = [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in (1, 7, 3, 12, 5)]
+    got = perplexities(target, trio().pad_id, prompts, responses)
+    with torch.inference_mode():  # the former formula: log_softmax over [B, L, V] in float32
+        ids, mask = left_pad([p + r for p, r in zip(prompts, responses)], trio().pad_id, torch.device("cpu"))
+        logits = target(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask)).logits.float()
+        logp = torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None])[..., 0]
+    for r, (value, resp) in enumerate(zip(got, responses)):
+        ref = math.exp(-float(logp[r, -len(resp):].double().mean()))
+        assert abs(value - ref) <= 1e-5 * ref
 
 
 def test_trio_cdsl_with_the_lexical_reward():

@@ -274,3 +274,38 @@ def test_the_memory_schedule_records_its_budget_and_runs_on_cpu_without_one(rows
         assert 0 < r.stats["memory_budget_bytes"] < 2**62 and r.best_index is not None
     _, fixed, _ = run_trio({"name": "speculative_rejection", "n": 4, "schedule": "fixed"}, rows[:2], gen)
     assert all("memory_budget_bytes" not in r.stats for r in fixed)  # null in the output row
+
+
+def test_unknown_context_length_warns_once_and_skips_only_that_check(monkeypatch, caplog):
+    import logging
+    from types import SimpleNamespace
+
+    import workers.runner as runner_module
+    from tests.trio_helpers import config
+    from workers.runner import Runner, context_length
+
+    load = runner_module.load_causal_lm
+
+    def without_context(*args, **kwargs):
+        loaded = load(*args, **kwargs)
+        cfg = loaded.model.config.get_text_config()
+        del cfg.max_position_embeddings
+        monkeypatch.delattr(type(cfg), "max_position_embeddings", raising=False)  # the class default too
+        return loaded
+
+    monkeypatch.setattr(runner_module, "load_causal_lm", without_context)
+    cfg = config(method={"name": "greedy"}, generation={"max_new_tokens": 12})
+    with caplog.at_level(logging.WARNING, logger="workers.runner"):
+        runner = Runner(cfg)
+    assert context_length(runner.target) is None and runner.context is None
+    no_field = SimpleNamespace(config=SimpleNamespace(get_text_config=lambda: SimpleNamespace()))
+    assert context_length(no_field) is None
+    warnings = [r.getMessage() for r in caplog.records if r.name == "workers.runner"]
+    assert len(warnings) == 1
+    assert cfg.models.target in warnings[0] and "not checked against a context length" in warnings[0]
+    long_prompt = [{"role": "user", "content": "word " * 3000}]
+    ready, errors = runner.prepare([{"prompt_id": "long", "prompt": long_prompt},
+                                    {"prompt_id": "blank", "prompt": [{"role": "user", "content": " "}]}])
+    assert [p.prompt_id for _, p in ready] == ["long"] and ready[0][1].limit == 12
+    assert len(ready[0][1].ids) > 3000
+    assert list(errors) == [1] and "empty prompt" in errors[1]["error"]  # the other checks still apply

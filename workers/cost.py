@@ -27,12 +27,8 @@ class Meter:
         self.tokens[role] += torch.bincount(g, weights=new_tokens.cpu().double(), minlength=self.num_prompts).long()
         self.forwards[role] += (torch.bincount(g, minlength=self.num_prompts) > 0).long()
 
-    def count_tokens(self, role: str, prompt: int, tokens: int, forwards: int = 0) -> None:
-        self.tokens[role][prompt] += tokens
-        self.forwards[role][prompt] += forwards
-
     def per_prompt(self, devices: float = 1.0) -> list[dict]:
-        """The SPEC's `cost` struct for each prompt. `devices`: GPUs (or 1 for a CPU worker) this batch held."""
+        """The output row's `cost` struct (README: Output columns) for each prompt. `devices`: GPUs (or 1 for a CPU worker) this batch held."""
         wall = time.perf_counter() - self.started
         tgt = self.tokens["target"].double()
         share = tgt / tgt.sum() if tgt.sum() > 0 else torch.full_like(tgt, 1.0 / max(self.num_prompts, 1))

@@ -8,6 +8,7 @@ the engine itself raises, so the job fails loudly.
 
 from __future__ import annotations
 
+import logging
 import time
 
 import torch
@@ -21,6 +22,8 @@ from workers.methods.measures import add_measures
 from workers.methods.common import Context, PoolSampler, PromptInput
 from workers.rewards import LexicalReward, LogprobReward, ModelReward, PythonReward, render
 from workers.sampling import Warp, prompt_key
+
+log = logging.getLogger(__name__)
 
 
 def eos_token_ids(model, tokenizer) -> list[int]:
@@ -39,9 +42,10 @@ def eos_token_ids(model, tokenizer) -> list[int]:
     return sorted(ids)
 
 
-def context_length(model) -> int:
-    cfg = model.config.get_text_config()
-    return int(getattr(cfg, "max_position_embeddings", None) or 1 << 30)
+def context_length(model) -> int | None:
+    """The model's context in tokens (max_position_embeddings), or None when its config does not say."""
+    value = getattr(model.config.get_text_config(), "max_position_embeddings", None)
+    return int(value) if value else None
 
 
 class Runner:
@@ -60,6 +64,10 @@ class Runner:
         self.pad_id = int(pad if pad is not None else self.eos_ids[0])
         self.reward = self._reward()
         self.context = context_length(self.target)
+        if self.context is None:
+            log.warning("models.target %s: its config has no max_position_embeddings, so prompts are not checked "
+                        "against a context length (each response may still take generation.max_new_tokens)",
+                        m.target)
         g = config.generation
         self.warp = Warp(temperature=g.temperature, top_k=g.top_k, top_p=g.top_p)
         self.method = get_method(config.method.name)
@@ -98,13 +106,13 @@ class Runner:
             problem = prompt_problem(row["prompt"])
             if problem is None:
                 ids = self.encode_prompt(row["prompt"])
-                if len(ids) >= self.context:
+                if self.context is not None and len(ids) >= self.context:
                     problem = f"prompt is {len(ids)} tokens; the target's context is {self.context} tokens"
             if problem is not None:
                 errors[i] = error_row(row["prompt_id"], row["prompt"], name, problem)
                 continue
             concepts = row.get("concepts")
-            limit = min(max_new_tokens, self.context - len(ids))
+            limit = max_new_tokens if self.context is None else min(max_new_tokens, self.context - len(ids))
             prompt = PromptInput(row["prompt_id"], row["prompt"], ids, prompt_key(row["prompt_id"]), limit,
                                  list(concepts) if concepts is not None else None)
             ready.append((i, prompt))
