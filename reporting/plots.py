@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import math
 
+import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
@@ -46,19 +47,21 @@ def _ring(step: float) -> list[tuple[float, float]]:
 OFFSETS = [o for step in (7, 15, 26, 40, 56) for o in _ring(step)]  # points, nearest first
 
 
-def place_labels(ax, anchors: list[tuple[float, float, str, str]], obstacles: list[Bbox], fontsize: float = FONT,
+def place_labels(ax, anchors: list[tuple], obstacles: list[Bbox], fontsize: float = FONT,
                  color: str = "black") -> list:
-    """Annotate each anchor (x, y, text, gid) in data coordinates at the first offset in OFFSETS whose text box
-    overlaps no earlier label and no obstacle (display-space boxes) and stays inside the axes; a label moved past
-    the first ring gets a thin leader line. Returns the annotations. Needs the axes' limits to be final."""
+    """Annotate each anchor (x, y, text, gid[, first offset]) in data coordinates at the first offset (the anchor's
+    own first, then OFFSETS) whose text box overlaps no earlier label and no obstacle (display-space boxes) and stays
+    inside the axes; a label moved past the first ring gets a thin leader line. Returns the annotations. Needs the
+    axes' limits to be final."""
     fig = ax.figure
     renderer = fig.canvas.get_renderer()
     frame = ax.get_window_extent(renderer)
     placed: list[Bbox] = []
     out = []
-    for x, y, text, gid in anchors:
+    for x, y, text, gid, *prefer in anchors:
         best = None
-        for k, (dx, dy) in enumerate(OFFSETS):
+        for k, (dx, dy) in enumerate(prefer + OFFSETS):
+            k -= len(prefer)
             ha = "left" if dx > 0 else "right" if dx < 0 else "center"
             va = "bottom" if dy > 0 else "top" if dy < 0 else "center"
             ann = ax.annotate(text, (x, y), textcoords="offset points", xytext=(dx, dy), ha=ha, va=va,
@@ -104,13 +107,16 @@ def _line_boxes(ax, xs: list[float], ys: list[float], step_px: float = 6.0) -> l
     return out
 
 
-def _dodges(ax, xy: list[tuple[float, float]], near_px: float = 8.0, step_pt: float = 6.0) -> list[float]:
-    """Horizontal offsets (points) that spread points drawn on (nearly) the same spot, so each one's error bar
-    stays visible: 0 for a point alone, then +step, -step, +2 step... for the later ones of a group."""
-    disp = ax.transData.transform(xy)
+def _dodges(ax, spans: list[tuple[float, float, float]], near_px: float = 8.0, step_pt: float = 7.0) -> list[float]:
+    """Horizontal offsets (points) that keep marks from drawing over each other: spans are (x, low, high) in data
+    coordinates (a point's error bar, or its marker). A span whose x is within near_px of an earlier one's and whose
+    vertical range overlaps it gets +step, -step, +2 step... so each error bar stays visible; a lone one gets 0."""
+    lows = ax.transData.transform([(x, lo) for x, lo, _ in spans])
+    highs = ax.transData.transform([(x, hi) for x, _, hi in spans])
     out = []
-    for i, (px, py) in enumerate(disp):
-        k = sum(1 for j in range(i) if abs(disp[j][0] - px) < near_px and abs(disp[j][1] - py) < near_px)
+    for i in range(len(spans)):
+        k = sum(1 for j in range(i) if abs(lows[j][0] - lows[i][0]) < near_px
+                and min(highs[i][1], highs[j][1]) >= max(lows[i][1], lows[j][1]) - near_px)
         out.append(0.0 if k == 0 else step_pt * ((k + 1) // 2) * (1 if k % 2 else -1))
     return out
 
@@ -140,7 +146,8 @@ def nice_levels(values: list[float], most: int = 4) -> list[float]:
 
 
 def _usd_tick(v: float, _pos=None) -> str:
-    return "$0" if v == 0 else f"${v:.2g}"
+    """Dollars in plain decimals ($0.00004, $0.25), with no exponent to read."""
+    return "$" + np.format_float_positional(v, precision=3, unique=True, fractional=False, trim="-")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -193,15 +200,18 @@ def reward_vs_cost_figure(points: list[dict], frontier: list[str], single_sample
             if j == 0:
                 handles.append(line)
             # the line's end inside the axes: the right edge, or the top edge where it leaves earlier
-            xe = x1 if single_sample + k * x1 <= y1 else (y1 - single_sample) / k
+            # its label just left of that end, between the line and the next steeper one
+            right = single_sample + k * x1 <= y1
+            xe = x1 if right else (y1 - single_sample) / k
             if xe > x0:
-                iso_labels.append((xe, single_sample + k * xe, f"{k:g} / USD", f"iso-label:{k:g}"))
+                iso_labels.append((xe, single_sample + k * xe, f"{k:g} / USD", f"iso-label:{k:g}",
+                                   (-4, 6) if right else (-4, -4)))
 
     front = sorted((p for p in points if p["label"] in frontier), key=lambda p: frontier.index(p["label"]))
     handles.append(ax.plot([p["usd"] for p in front], [p["reward"] for p in front], color="C3", lw=1.8, zorder=1,
                            gid="frontier", label="cost-reward frontier (no run is cheaper and better)")[0])
 
-    dodge = _dodges(ax, [(p["usd"], p["reward"]) for p in points])
+    dodge = _dodges(ax, [(p["usd"], p["low"], p["high"]) for p in points])
     obstacles = _line_boxes(ax, [p["usd"] for p in front], [p["reward"] for p in front])
     for i, (p, dx) in enumerate(zip(points, dodge)):
         star = p.get("is_baseline")
@@ -224,6 +234,9 @@ def reward_vs_cost_figure(points: list[dict], frontier: list[str], single_sample
         obstacles += [_marker_box(ax, p["usd"], p["reward"], size, dx), _bar_box(ax, p["usd"], p["low"], p["high"], dx)]
     handles.append(Line2D([], [], ls="none", marker="o", markerfacecolor="white", markeredgecolor="0.3",
                           label="open marker: dominated run; bars: 95% bootstrap interval over prompts"))
+    if any(dodge):
+        handles.append(Line2D([], [], ls="none", marker="$\\leftrightarrow$", color="0.3", markersize=9,
+                              label="runs on nearly one spot: drawn a few pixels apart"))
     place_labels(ax, iso_labels, obstacles, fontsize=7, color="0.45")
     iso_boxes = [t.get_window_extent(fig.canvas.get_renderer()).padded(2) for t in ax.texts]
     order = sorted(range(len(points)), key=lambda i: points[i]["usd"])
@@ -278,7 +291,7 @@ def improvement_vs_relative_compute_figure(points: list[dict], baseline: str) ->
                    label=f"0: as bad as the worst of {baseline}'s samples"),
         ax.axvline(1.0, color="0.6", ls="-.", lw=0.9, gid="compute-1", label=f"relative compute 1: {baseline}'s cost"),
     ]
-    dodge = _dodges(ax, [(p["relative_compute"], p["improvement_score"]) for p in points])
+    dodge = _dodges(ax, [(p["relative_compute"], p["improvement_score"], p["improvement_score"]) for p in points])
     obstacles = []
     for i, (p, dx) in enumerate(zip(points, dodge)):
         star = p["label"] == baseline

@@ -474,7 +474,7 @@ def test_runs_on_one_point_keep_both_error_bars_visible():
     renderer = fig.canvas.get_renderer()
     boxes = [t.get_window_extent(renderer) for t in _gids(ax, "label:")]
     assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
-    assert len(ax.get_legend().get_texts()) == 3 + 5
+    assert len(ax.get_legend().get_texts()) == 3 + 6  # with the key to marks drawn apart
 
 
 def test_other_plots_have_a_legend_entry_for_every_mark(frontier_report):
