@@ -15,9 +15,11 @@ Prints two comparisons (Markdown tables; `--json PATH` also writes every figure)
    and relative compute (eq. 7). The baseline Best-of-N_min is the largest N whose KV cache fits the memory
    budget (``--nmin``; the budget is set to its cache at full length), as Best-of-120 was the largest that fits
    one 80 GB GPU in the paper; SR starts from a larger N in the same budget and rejects when the cache would pass
-   it (``--sr n:alpha``), or rejects every K tokens (``--sr n:alpha:K``). The Best-of-N sweep gives the N whose reward SR matches (interpolated in log N between the two Best-of-N
-   runs around it), and SR's generated tokens against that Best-of-N's (its tokens per candidate x the matched N)
-   and against the next Best-of-N of the sweep.
+   it (``--sr n:alpha``), or rejects every K tokens (``--sr n:alpha:K``). The Best-of-N sweep gives the N whose
+   reward SR matches (interpolated in log N between the two Best-of-N runs around it), and SR's generated tokens
+   against that Best-of-N's (its tokens per candidate x the matched N) and against the next Best-of-N of the sweep.
+
+Paper 001 (Speculative Rejection) is listed in docs/references.md.
 
 Wall-clock is the best of ``--repeats`` runs on ``--threads`` CPU threads (tiny models run fastest on one); the
 two sides of a comparison alternate, so that load from other processes affects both alike. One device, so the
@@ -61,13 +63,13 @@ def chunks(items: list, size: int) -> list[list]:
 
 
 class Bench:
-    def __init__(self, rows: list[dict], max_new_tokens: int, repeats: int):
+    def __init__(self, items: list[dict], max_new_tokens: int, repeats: int):
         self.base = dict(BASE, generation=dict(BASE["generation"], max_new_tokens=max_new_tokens))
         self.lexical = Runner(resolved(validate_config(self.base)))
         model_reward = dict(self.base, models=dict(self.base["models"], reward={"kind": "model",
                                                                                 "path": "builtin:tiny-reward"}))
         self.scorer = Runner(resolved(validate_config(model_reward))).reward
-        self.prompts = [p for _, p in self.lexical.prepare(rows)[0]]
+        self.prompts = [p for _, p in self.lexical.prepare(items)[0]]
         self.repeats = repeats
 
     def method(self, method: dict, per_call: int, reward: str = "lexical", seed: int = 0) -> dict:
@@ -101,7 +103,7 @@ class Bench:
                                         min_new_tokens=0, pad_token_id=r.pad_id, eos_token_id=r.eos_ids)
                 new = out[:, ids.shape[1]:].cpu()
                 is_eos = torch.isin(new, eos)
-                # a row's tokens run to its first EOS (included); generate pads the rest of a finished row
+                # a sequence's tokens run to its first EOS (included); generate pads the rest of a finished one
                 tokens += int(torch.where(is_eos.any(1), is_eos.int().argmax(1) + 1, new.shape[1]).sum())
         return {"wall": time.perf_counter() - start, "tokens": tokens}
 

@@ -9,11 +9,12 @@ Prints four comparisons (Markdown tables; `--json PATH` also writes every figure
    satisfaction;
 4. Speculative Rejection with the speculative sampler vs the target sampler (reward: the tiny reward model).
 
-Calls are counted per sequence (a forward over k candidate rows of one prompt counts k calls), which is how the
+Calls are counted per sequence (a forward over k candidate sequences of one prompt counts k calls), which is how the
 papers count them; the batched forwards the Meter counts are shown beside them ("fwd/token").
 Wall-clock is the best of `--repeats` runs, on `--threads` CPU threads (tiny models run fastest on one).
 Prompts: the demo prompts `--first` to `--first + --prompts`; CDSL's thresholds were tuned on demo prompts 0-15
-(see docs/draft-target.md), so the default reports on prompts 16-31.
+(see docs/draft-target.md), so the default reports on prompts 16-31. Papers 000 (CDSL) and 002 (MJSD) are listed
+in docs/references.md.
 """
 
 from __future__ import annotations
@@ -49,12 +50,12 @@ BASE = {
 
 
 class Bench:
-    def __init__(self, rows: list[dict], max_new_tokens: int, repeats: int):
+    def __init__(self, items: list[dict], max_new_tokens: int, repeats: int):
         base = dict(BASE, generation={"max_new_tokens": max_new_tokens, "temperature": 0.0})
         self.lexical = Runner(resolved(validate_config(base)))
         model_reward = dict(base, models=dict(base["models"], reward={"kind": "model", "path": "builtin:tiny-reward"}))
         self.scorer = Runner(resolved(validate_config(model_reward))).reward
-        self.prompts = [p for _, p in self.lexical.prepare(rows)[0]]
+        self.prompts = [p for _, p in self.lexical.prepare(items)[0]]
         self.base, self.repeats = base, repeats
 
     def run(self, method: dict, generation: dict | None = None, reward: str = "lexical", target=None) -> dict:
@@ -101,7 +102,7 @@ def summary(out: dict, c: float | None = None) -> dict:
         "tokens": tokens,
         "wall_s": out["wall"],
         "tokens_per_s": tokens / out["wall"],
-        # methods without a tally decode token by token with the target alone: one call per row and token
+        # methods without a tally decode token by token with the target alone: one call per sequence and token
         "target_calls_per_token": calls("target_calls_per_token") or 1.0,
         "draft_calls_per_token": calls("draft_calls_per_token") or 0.0,
         "target_fwd_per_token": target_fwd,

@@ -246,13 +246,13 @@ def test_perplexity_is_the_targets_and_outside_the_cost():
 @pytest.mark.parametrize("elements", [1 << 24, 1])  # one log-sum-exp for the batch, or one per position
 def test_perplexity_by_gather_and_logsumexp_is_the_log_softmax_one(elements, monkeypatch):
     """On the bundled trio: the chunked gather-then-logsumexp gives the log_softmax numbers over the whole sequence."""
-    from tests.trio_helpers import demo_rows, trio, trio_prompts
+    from tests.trio_helpers import demo_items, trio, trio_prompts
     from workers.engine import left_pad, position_ids
     from workers.methods import measures
 
     monkeypatch.setattr(measures, "LOGSUMEXP_ELEMENTS", elements)
     target = trio().target
-    prompts = [p.ids for p in trio_prompts(demo_rows(5))]
+    prompts = [p.ids for p in trio_prompts(demo_items(5))]
     gen = torch.Generator().manual_seed(0)
     vocab = target.config.get_text_config().vocab_size
     responses = [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in (1, 7, 3, 12, 5)]
@@ -267,9 +267,9 @@ def test_perplexity_by_gather_and_logsumexp_is_the_log_softmax_one(elements, mon
 
 
 def test_trio_cdsl_with_the_lexical_reward():
-    from tests.trio_helpers import demo_rows, run_trio
+    from tests.trio_helpers import demo_items, run_trio
 
-    _, results, meter = run_trio({"name": "cdsl"}, demo_rows(4), {"temperature": 0, "max_new_tokens": 32},
+    _, results, meter = run_trio({"name": "cdsl"}, demo_items(4), {"temperature": 0, "max_new_tokens": 32},
                                  reward="lexical")
     for g, r in enumerate(results):
         counts = r.stats["state_counts"]

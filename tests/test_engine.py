@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.trio_helpers import demo_rows, run_trio, tokens_of, trio, trio_prompts
+from tests.trio_helpers import demo_items, run_trio, tokens_of, trio, trio_prompts
 from workers.cost import Meter
 from workers.engine import Engine, forward, kv_bytes_per_token, left_pad
 from workers.methods.rejection import cut_value, rejection_cut
@@ -15,13 +15,13 @@ BON8 = {"name": "best_of_n", "n": 8}
 
 
 @pytest.fixture(scope="module")
-def rows():
-    return demo_rows(4)
+def items():
+    return demo_items(4)
 
 
-def test_greedy_best_of_n_matches_generate(rows):
+def test_greedy_best_of_n_matches_generate(items):
     runner = trio()
-    prompts, results, _ = run_trio({"name": "best_of_n", "n": 3}, rows, {"temperature": 0, "max_new_tokens": 40})
+    prompts, results, _ = run_trio({"name": "best_of_n", "n": 3}, items, {"temperature": 0, "max_new_tokens": 40})
     for p, res in zip(prompts, results):
         ids = torch.tensor([p.ids])
         ref = runner.target.generate(
@@ -33,21 +33,21 @@ def test_greedy_best_of_n_matches_generate(rows):
             assert cand.tokens == ref
 
 
-def test_prompts_batched_give_the_same_results_as_alone(rows):
+def test_prompts_batched_give_the_same_results_as_alone(items):
     bon = {"name": "best_of_n", "n": 6}
-    _, together, _ = run_trio(bon, rows)
-    for i, row in enumerate(rows):
-        _, alone, _ = run_trio(bon, [row])
+    _, together, _ = run_trio(bon, items)
+    for i, item in enumerate(items):
+        _, alone, _ = run_trio(bon, [item])
         assert tokens_of(alone)[0] == tokens_of(together)[i]
         assert alone[0].best_index == together[i].best_index
         for a, b in zip(alone[0].candidates, together[i].candidates):
             assert a.reward == pytest.approx(b.reward, abs=1e-4)
 
 
-def test_same_seed_same_output_and_other_seed_differs(rows):
-    a = run_trio(BON8, rows, seed=3)[1]
-    b = run_trio(BON8, rows, seed=3)[1]
-    c = run_trio(BON8, rows, seed=4)[1]
+def test_same_seed_same_output_and_other_seed_differs(items):
+    a = run_trio(BON8, items, seed=3)[1]
+    b = run_trio(BON8, items, seed=3)[1]
+    c = run_trio(BON8, items, seed=4)[1]
     assert tokens_of(a) == tokens_of(b)
     assert [r.best_index for r in a] == [r.best_index for r in b]
     assert tokens_of(a) != tokens_of(c)
@@ -60,10 +60,10 @@ def test_same_seed_same_output_and_other_seed_differs(rows):
         {"schedule": "memory", "memory_budget_mb": 0.5},
     ],
 )
-def test_speculative_rejection_with_alpha_zero_is_best_of_n(rows, schedule):
+def test_speculative_rejection_with_alpha_zero_is_best_of_n(items, schedule):
     n = 8
-    bon = run_trio({"name": "best_of_n", "n": n}, rows)[1]
-    sr = run_trio({"name": "speculative_rejection", "n": n, "alpha": 0.0, **schedule}, rows)[1]
+    bon = run_trio({"name": "best_of_n", "n": n}, items)[1]
+    sr = run_trio({"name": "speculative_rejection", "n": n, "alpha": 0.0, **schedule}, items)[1]
     assert tokens_of(sr) == tokens_of(bon)
     assert any(r.stats["rejection_rounds"] > 0 for r in sr), "the schedule never decided: the test proves nothing"
     for s, b in zip(sr, bon):
@@ -73,10 +73,10 @@ def test_speculative_rejection_with_alpha_zero_is_best_of_n(rows, schedule):
             assert cs.reward == pytest.approx(cb.reward, abs=1e-4)
 
 
-def test_speculative_rejection_cuts_the_lowest_alpha_fraction(rows):
+def test_speculative_rejection_cuts_the_lowest_alpha_fraction(items):
     n, alpha, k = 16, 0.5, 8
     method = {"name": "speculative_rejection", "n": n, "alpha": alpha, "schedule": "fixed", "every_k_tokens": k}
-    _, results, _ = run_trio(method, rows)
+    _, results, _ = run_trio(method, items)
     for res in results:
         rejected = [c for c in res.candidates if c.finish_reason == "rejected"]
         assert rejected, "alpha = 0.5 rejected nobody"
@@ -122,9 +122,9 @@ def test_rejection_cut_counts_finished_candidates_but_never_keeps_or_drops_them(
     assert rejection_cut([], [0.5, 0.6], 0.5) == []
 
 
-def test_row_selection_keeps_the_cache_exact(rows):
+def test_sequence_selection_keeps_the_cache_exact(items):
     runner = trio()
-    prompts = trio_prompts(rows[:3])
+    prompts = trio_prompts(items[:3])
     meter = Meter(len(prompts))
     engine = Engine(runner.target, runner.pad_id, runner.eos_ids, Warp(1.0), 0, meter)
     with torch.inference_mode():
@@ -141,12 +141,12 @@ def test_row_selection_keeps_the_cache_exact(rows):
             torch.testing.assert_close(got[r, -1], ref, atol=1e-4, rtol=1e-4)
 
 
-def test_prefill_is_once_per_prompt_and_tokens_are_counted(rows):
-    prompts, results, meter = run_trio(BON8, rows)
+def test_prefill_is_once_per_prompt_and_tokens_are_counted(items):
+    prompts, results, meter = run_trio(BON8, items)
     for i, (p, res) in enumerate(zip(prompts, results)):
         generated = sum(len(c.tokens) for c in res.candidates)
         longest = max(len(c.tokens) for c in res.candidates)
-        # the prompt once, plus every generated token but each row's last (never fed back)
+        # the prompt once, plus every generated token but each sequence's last (never fed back)
         assert int(meter.tokens["target"][i]) >= len(p.ids) + generated - len(res.candidates)
         assert int(meter.tokens["target"][i]) < 2 * len(p.ids) + generated
         assert int(meter.forwards["target"][i]) == longest
@@ -162,17 +162,17 @@ def test_kv_bytes_per_token_from_config():
     assert kv_bytes_per_token(model) == 2 * 3 * 2 * 16 * 2
 
 
-def test_memory_schedule_decides_when_the_cache_would_pass_the_budget(rows):
-    prompts = trio_prompts(rows[:2])
+def test_memory_schedule_decides_when_the_cache_would_pass_the_budget(items):
+    prompts = trio_prompts(items[:2])
     width = max(len(p.ids) for p in prompts)
     n, per_col = 8, kv_bytes_per_token(trio().target)
-    rows_total = n * len(prompts)
+    sequences = n * len(prompts)
     decide_at = 5  # generated tokens at the first decision
     # with g tokens generated the cache holds width + g - 1 columns (the last token is not yet fed); the next step
     # makes it width + g. A budget of width + decide_at - 1 columns is first passed by the step after decide_at.
-    budget = rows_total * (width + decide_at - 1) * per_col
+    budget = sequences * (width + decide_at - 1) * per_col
     method = {"name": "speculative_rejection", "n": n, "alpha": 0.5, "memory_budget_mb": budget / 2**20}
-    _, results, _ = run_trio(method, rows[:2])
+    _, results, _ = run_trio(method, items[:2])
     assert results[0].stats["decision_tokens"][0] == decide_at
 
 
@@ -185,7 +185,7 @@ def test_left_pad_and_positions():
     assert position_ids(mask).tolist() == [[0, 1, 2], [0, 0, 0]]
 
 
-def test_quality_measures_run_after_the_cost_window_closes(rows, monkeypatch):
+def test_quality_measures_run_after_the_cost_window_closes(items, monkeypatch):
     """The Runner bills the method alone: the perplexity forward of the measures comes after the costs are taken."""
     import time
 
@@ -209,7 +209,7 @@ def test_quality_measures_run_after_the_cost_window_closes(rows, monkeypatch):
     monkeypatch.setattr(runner_module, "add_measures", slow_measures)
     monkeypatch.setattr(Meter, "per_prompt", costs)
     start = time.perf_counter()
-    out = runner.run(rows[:2])
+    out = runner.run(items[:2])
     total = time.perf_counter() - start
     assert events == ["costs", "measures"]
     for row in out:
@@ -262,17 +262,17 @@ def test_host_memory_falls_back_to_sysconf_without_proc_meminfo(monkeypatch):
     assert rejection.host_available_bytes() is None
 
 
-def test_the_memory_schedule_records_its_budget_and_runs_on_cpu_without_one(rows):
+def test_the_memory_schedule_records_its_budget_and_runs_on_cpu_without_one(items):
     from schemas.rows import STATS_FIELDS
 
     assert "memory_budget_bytes" in STATS_FIELDS
     gen = {"max_new_tokens": 8}
-    _, capped, _ = run_trio({"name": "speculative_rejection", "n": 4, "memory_budget_mb": 0.25}, rows[:2], gen)
+    _, capped, _ = run_trio({"name": "speculative_rejection", "n": 4, "memory_budget_mb": 0.25}, items[:2], gen)
     assert [r.stats["memory_budget_bytes"] for r in capped] == [2**18, 2**18]
-    _, minimal, _ = run_trio({"name": "speculative_rejection", "n": 4}, rows[:2], gen)  # no budget configured
+    _, minimal, _ = run_trio({"name": "speculative_rejection", "n": 4}, items[:2], gen)  # no budget configured
     for r in minimal:
         assert 0 < r.stats["memory_budget_bytes"] < 2**62 and r.best_index is not None
-    _, fixed, _ = run_trio({"name": "speculative_rejection", "n": 4, "schedule": "fixed"}, rows[:2], gen)
+    _, fixed, _ = run_trio({"name": "speculative_rejection", "n": 4, "schedule": "fixed"}, items[:2], gen)
     assert all("memory_budget_bytes" not in r.stats for r in fixed)  # null in the output row
 
 

@@ -13,7 +13,7 @@ from tests.test_speculative import (  # noqa: F401  (one_thread is an autouse fi
 from workers.cost import Meter
 from workers.methods.mjsd import beam_draft, likelihood_warp, mjsd_accept
 from workers.sampling import Warp, warp_probs
-from workers.speculative import Tally, open_rows
+from workers.speculative import DecodeTally, open_batch
 
 
 def test_tau_one_is_the_targets_greedy_decoding():
@@ -56,12 +56,13 @@ def test_q_is_the_joint_draft_probability_of_the_chosen_beams_prefix():
     gamma, m = 4, 3
     warp = Warp(temperature=0.0)
     with torch.inference_mode():
-        meter, tally = Meter(6), Tally(6)
-        rows = open_rows(target, draft, [p.ids for p in prompts], [p.key for p in prompts], [20] * 6, PAD, meter, tally)
-        _, d = rows.sides(target, draft)
+        meter, tally = Meter(6), DecodeTally(6)
+        batch = open_batch(target, draft, [p.ids for p in prompts], [p.key for p in prompts], [20] * 6, PAD, meter,
+                           tally)
+        _, d = batch.sides(target, draft)
         gam = torch.full((6,), gamma)
-        x, logq = beam_draft(d, rows, gam, m, warp, 0, torch.tensor([EOS]), meter, tally)
-        assert d.size == 6  # the draft side is back to one row per prompt, on the chosen beams
+        x, logq = beam_draft(d, batch, gam, m, warp, 0, torch.tensor([EOS]), meter, tally)
+        assert d.size == 6  # the draft side is back to one sequence per prompt, on the chosen beams
     any_reordered = False
     lik = likelihood_warp(warp)
     for i, p in enumerate(prompts):
@@ -84,7 +85,7 @@ def test_acceptance_is_the_longest_prefix_over_tau():
     logp = torch.log(torch.tensor([[0.5, 0.1, 0.09, 0.05], [0.2, 0.1, 0.05, 0.01], [0.9, 0.8, 0.7, 0.6]]))
     logq = torch.log(torch.tensor([[0.6, 0.5, 0.3, 0.1], [0.9, 0.9, 0.9, 0.9], [0.5, 0.4, 0.3, 0.2]]))
     eligible = torch.ones(3, 4, dtype=torch.bool)
-    # row 0: ratios 0.83, 0.2, 0.3, 0.5 -> the longest over 0.25 is j = 4 although j = 2 fails
+    # sequence 0: ratios 0.83, 0.2, 0.3, 0.5 -> the longest over 0.25 is j = 4 although j = 2 fails
     assert mjsd_accept(logp, logq, eligible, 0.25).tolist() == [4, 0, 4]
     assert mjsd_accept(logp, logq, eligible, 0.9).tolist() == [0, 0, 4]
     assert mjsd_accept(logp, logq, eligible, 1.0).tolist() == [0, 0, 0]  # min(1, .) > 1 never holds
@@ -120,14 +121,14 @@ def test_sampled_mjsd_is_seeded():
 
 
 def test_trio_mjsd_with_tau_one_is_greedy_and_the_defaults_accept_long_prefixes():
-    from tests.trio_helpers import demo_rows, run_trio, tokens_of
+    from tests.trio_helpers import demo_items, run_trio, tokens_of
 
-    rows = demo_rows(4)
+    items = demo_items(4)
     gen = {"temperature": 0, "max_new_tokens": 32}
-    _, greedy, _ = run_trio({"name": "greedy"}, rows, gen)
-    _, tau_one, _ = run_trio({"name": "mjsd", "tau": 1.0, "gamma": 3, "num_beams": 2}, rows, gen)
+    _, greedy, _ = run_trio({"name": "greedy"}, items, gen)
+    _, tau_one, _ = run_trio({"name": "mjsd", "tau": 1.0, "gamma": 3, "num_beams": 2}, items, gen)
     assert tokens_of(tau_one) == tokens_of(greedy)
-    _, default, meter = run_trio({"name": "mjsd"}, rows, gen)
+    _, default, meter = run_trio({"name": "mjsd"}, items, gen)
     for g, r in enumerate(default):
         assert r.stats["mean_accepted_tokens"] > 2.0 and r.stats["perplexity"] is not None
         iterations = round(len(r.candidates[0].tokens) / r.stats["mean_accepted_tokens"])

@@ -1,7 +1,7 @@
 """Oracles of batched speculative decoding and of the speculative sampler inside Best-of-N and SR (CPU, float32).
 
 Small random Llama pairs stand in for the trio: a target, and a draft that is a perturbed copy of it (so that
-acceptance is partial and differs between rows). The helpers at the top are shared by tests/test_mjsd.py,
+acceptance is partial and differs between sequences). The helpers at the top are shared by tests/test_mjsd.py,
 tests/test_cdsl.py and tests/test_beam.py.
 """
 
@@ -201,13 +201,13 @@ def test_greedy_equality_holds_for_short_and_long_drafts(gamma):
 # Sampling: the target's distribution
 
 
-def sample_rows(target, draft, prompt, n, warp, gamma, limit, seed=0):
+def sample_batch(target, draft, prompt, n, warp, gamma, limit, seed=0):
     with torch.inference_mode():
         engine = SpeculativeEngine(target, draft, gamma, PAD, [EOS], warp, seed, Meter(1))
-        rows = engine.prefill([prompt], n, [prompt_key("chi")], [limit])
-        while not bool(engine.done(rows).all()):
-            engine.step(rows)
-    return rows, engine
+        batch = engine.prefill([prompt], n, [prompt_key("chi")], [limit])
+        while not bool(engine.done(batch).all()):
+            engine.step(batch)
+    return batch, engine
 
 
 @pytest.mark.parametrize("warp", [Warp(1.0), Warp(0.7, top_k=5), Warp(1.0, top_p=0.8)])
@@ -215,9 +215,9 @@ def test_sampled_speculative_decoding_reproduces_the_targets_distribution(warp):
     """Tokens 2 and 3 come from drafts (accepted or recovered); their joint law must be the target's."""
     target, draft = pair(vocab=12, sharpness=2.0, noise=1.5)
     prompt = [3, 7, 5, 9]
-    rows, engine = sample_rows(target, draft, prompt, 3000, warp, gamma=3, limit=4)
+    batch, engine = sample_batch(target, draft, prompt, 3000, warp, gamma=3, limit=4)
     v = target.config.vocab_size
-    observed = padded_triples([rows.tokens[i, : int(rows.length[i])].tolist() for i in range(rows.size)], v)
+    observed = padded_triples([batch.tokens[i, : int(batch.length[i])].tolist() for i in range(batch.size)], v)
     assert chisquare_pvalue(observed.sum(0), token_law(target, prompt, warp).sum(0)) > 1e-3
     rate = engine.stats(0)["acceptance_rate"]
     assert 0.05 < rate < 0.95, rate  # both accepted drafts and recovered tokens were exercised
@@ -240,7 +240,7 @@ def test_best_of_n_with_the_speculative_sampler_keeps_the_targets_distribution()
     assert 0.05 < res.stats["acceptance_rate"] < 0.95 and res.stats["target_calls_per_token"] < 1.0
 
 
-def test_sampled_rows_do_not_depend_on_the_batch():
+def test_sampled_sequences_do_not_depend_on_the_batch():
     target, draft = pair()
     prompts = toy_prompts(4, 48, 20, seed=5)
     gen = {"sampler": "speculative", "gamma": 3, "temperature": 1.0}
@@ -273,7 +273,7 @@ def test_speculative_rejection_with_the_speculative_sampler_runs_and_rejects():
 
 
 def test_speculative_rejection_with_alpha_zero_is_best_of_n_with_the_speculative_sampler():
-    """Row selection (SR's rounds) keeps both caches exact: no rejection gives exactly Best-of-N's candidates."""
+    """Selecting sequences (SR's rounds) keeps both caches exact: no rejection gives exactly Best-of-N's candidates."""
     target, draft = pair()
     prompts = toy_prompts(3, 48, 24, seed=8)
     wanted = [set(range(3 + g, 48, 4)) for g in range(3)]
@@ -291,23 +291,23 @@ def test_speculative_rejection_with_alpha_zero_is_best_of_n_with_the_speculative
 # The bookkeeping: holes, commits, selection
 
 
-def test_both_caches_stay_exact_after_steps_and_row_selection():
+def test_both_caches_stay_exact_after_steps_and_sequence_selection():
     target, draft = pair()
     prompts = toy_prompts(4, 48, 30, seed=9)
     with torch.inference_mode():
         engine = SpeculativeEngine(target, draft, 4, PAD, [EOS], Warp(1.0), 0, Meter(4))
-        rows = engine.prefill([p.ids for p in prompts], 3, [p.key for p in prompts], [30] * 4)
+        batch = engine.prefill([p.ids for p in prompts], 3, [p.key for p in prompts], [30] * 4)
         for _ in range(4):
-            engine.step(rows)
-        rows.select(torch.tensor([0, 2, 5, 7, 10, 11]))
-        t, d = rows.sides(target, draft)
-        assert bool((t.n_in == rows.length - 1).all())
+            engine.step(batch)
+        batch.select(torch.tensor([0, 2, 5, 7, 10, 11]))
+        t, d = batch.sides(target, draft)
+        assert bool((t.n_in == batch.length - 1).all())
         for side, model in ((t, target), (d, draft)):
-            seq, seq_len = side.backlog(rows.tokens, rows.length)
-            got = side.extend_to(seq, seq_len, torch.ones_like(seq_len, dtype=torch.bool), rows.group, Meter(4),
+            seq, seq_len = side.backlog(batch.tokens, batch.length)
+            got = side.extend_to(seq, seq_len, torch.ones_like(seq_len, dtype=torch.bool), batch.group, Meter(4),
                                  None)[:, -1]
-            for r in range(rows.size):
-                full = prompts[int(rows.group[r])].ids + rows.tokens[r, : int(rows.length[r])].tolist()
+            for r in range(batch.size):
+                full = prompts[int(batch.group[r])].ids + batch.tokens[r, : int(batch.length[r])].tolist()
                 ref = model(torch.tensor([full])).logits[0, -1].float()
                 torch.testing.assert_close(got[r], ref, atol=1e-4, rtol=1e-4)
 
@@ -344,25 +344,25 @@ def test_commit_keeps_the_longest_agreeing_run_and_crops_common_holes():
         side.feed(torch.tensor([[9, 20, 21], [9, 22, 23]]), torch.ones(2, 3, dtype=torch.bool), torch.tensor([0, 1]),
                   Meter(2), None)
         tokens = torch.tensor([[4, 5, 9, 20, 30, 0], [6, 7, 9, 31, 0, 0]])
-        side.commit(tokens, torch.tensor([5, 4]))  # row 0: 9, 20 agree (30 pending); row 1: only 9 agrees
+        side.commit(tokens, torch.tensor([5, 4]))  # sequence 0: 9, 20 agree (30 pending); sequence 1: only 9 agrees
         assert side.n_in.tolist() == [4, 3]
         assert side.mask.tolist() == [[1, 1, 1, 1], [1, 1, 1, 0]]  # the column of 21 / 23 was cropped
         assert side.cache.get_seq_length() == 4
 
 
 def test_emit_cuts_after_eos_and_at_the_limit():
-    from workers.engine import Rows
+    from workers.engine import Batch
 
-    rows = Rows(cache=None, mask=torch.zeros(3, 1), pending=torch.tensor([2, 2, 2]), group=torch.arange(3),
+    batch = Batch(cache=None, mask=torch.zeros(3, 1), pending=torch.tensor([2, 2, 2]), group=torch.arange(3),
                 cand=torch.zeros(3, dtype=torch.long), key=torch.zeros(3, dtype=torch.long),
                 length=torch.tensor([1, 1, 4]), limit=torch.tensor([9, 9, 6]),
                 tokens=torch.zeros(3, 9, dtype=torch.long), alive=torch.ones(3, dtype=torch.bool))
     block = torch.tensor([[5, EOS, 6, 7], [5, 6, 7, 8], [5, 6, 7, 8]])
-    m = emit(rows, block, torch.tensor([4, 3, 4]), torch.tensor([8, 8, 2]), torch.tensor([EOS]))
+    m = emit(batch, block, torch.tensor([4, 3, 4]), torch.tensor([8, 8, 2]), torch.tensor([EOS]))
     assert m.tolist() == [2, 3, 2]
-    assert rows.pending.tolist() == [EOS, 7, 6]
-    assert rows.length.tolist() == [3, 4, 6]
-    assert rows.tokens[0, 1:3].tolist() == [5, EOS] and rows.tokens[2, 4:6].tolist() == [5, 6]
+    assert batch.pending.tolist() == [EOS, 7, 6]
+    assert batch.length.tolist() == [3, 4, 6]
+    assert batch.tokens[0, 1:3].tolist() == [5, EOS] and batch.tokens[2, 4:6].tolist() == [5, 6]
 
 
 def test_ragged_helpers():
@@ -389,15 +389,15 @@ def test_ragged_helpers():
 
 
 def test_trio_greedy_speculative_decoding_is_the_targets_greedy_decoding():
-    from tests.trio_helpers import config, demo_rows, run_method, run_trio, tokens_of
+    from tests.trio_helpers import config, demo_items, run_method, run_trio, tokens_of
     from workers.runner import Runner
 
-    rows = demo_rows(8)
+    items = demo_items(8)
     gen = {"temperature": 0, "max_new_tokens": 40}
     # through a Runner built from a job config: config -> sampler -> method
     sd_runner = Runner(config(method={"name": "speculative_decoding", "gamma": 4}, generation=gen))
-    prompts, sd, _ = run_method(sd_runner, rows)
-    _, greedy, _ = run_trio({"name": "greedy"}, rows, gen)
+    prompts, sd, _ = run_method(sd_runner, items)
+    _, greedy, _ = run_trio({"name": "greedy"}, items, gen)
     assert tokens_of(sd) == tokens_of(greedy)
     rates = [r.stats["acceptance_rate"] for r in sd]
     assert len(set(rates)) > 1 and all(r.stats["target_calls_per_token"] < 1.0 for r in sd), rates
@@ -410,14 +410,14 @@ def test_trio_greedy_speculative_decoding_is_the_targets_greedy_decoding():
 
 
 def test_trio_speculative_rejection_with_the_speculative_sampler():
-    from tests.trio_helpers import config, demo_rows, run_method
+    from tests.trio_helpers import config, demo_items, run_method
     from workers.runner import Runner
 
     cfg = config(method={"name": "speculative_rejection", "n": 8, "alpha": 0.5, "schedule": "fixed",
                          "every_k_tokens": 6}, generation={"sampler": "speculative", "gamma": 3, "max_new_tokens": 32})
     runner = Runner(cfg)
     assert runner.draft is not None
-    _, results, meter = run_method(runner, demo_rows(3))
+    _, results, meter = run_method(runner, demo_items(3))
     for res in results:
         assert any(c.finish_reason == "rejected" for c in res.candidates) and res.stats["rejection_rounds"] > 0
         assert res.stats["acceptance_rate"] > 0 and res.stats["mean_accepted_tokens"] > 1.0

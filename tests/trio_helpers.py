@@ -1,8 +1,8 @@
 """Helpers for tests on the bundled trio: configs, demo prompts, and access to the method layer.
 
-`run_trio(method, rows, ...)` runs one method on the bundled trio directly, from its own parameters (a dict of
+`run_trio(method, items, ...)` runs one method on the bundled trio directly, from its own parameters (a dict of
 schemas.methods) and the generation settings: the trio is loaded once per session (through the Runner), and no
-job config (data source, output path) is needed. `run_method(runner, rows)` runs a Runner's configured method.
+job config (data source, output path) is needed. `run_method(runner, items)` runs a Runner's configured method.
 """
 
 from __future__ import annotations
@@ -57,14 +57,15 @@ def config(**over) -> JobConfig:
     return resolved(validate_config(merge(BASE, over)))
 
 
-def demo_rows(limit: int | None = None) -> list[dict]:
+def demo_items(limit: int | None = None) -> list[dict]:
+    """The first `limit` demo prompts, as the input items a Runner takes (prompt_id, prompt, concepts)."""
     return assets.demo_rows(0, limit)
 
 
-def run_method(runner: Runner, rows: list[dict]):
-    """The configured method's results (with token ids and the quality measures) for rows, through the runner's
+def run_method(runner: Runner, items: list[dict]):
+    """The configured method's results (with token ids and the quality measures) for items, through the runner's
     preparation: (prompts, results, meter)."""
-    ready, errors = runner.prepare(rows)
+    ready, errors = runner.prepare(items)
     assert not errors, errors
     prompts = [p for _, p in ready]
     meter = Meter(len(prompts))
@@ -96,17 +97,17 @@ def trio_context(meter: Meter, generation: dict | None = None, seed: int = 0, re
                    reward={"model": ctx.reward, "lexical": LexicalReward()}[reward])
 
 
-def trio_prompts(rows: list[dict], max_new_tokens: int | None = None) -> list[PromptInput]:
-    """Rows as the trio's prompts (chat template, RNG key, token limit: BASE's max_new_tokens unless given)."""
-    ready, errors = trio().prepare(rows, max_new_tokens or BASE["generation"]["max_new_tokens"])
+def trio_prompts(items: list[dict], max_new_tokens: int | None = None) -> list[PromptInput]:
+    """Input items as the trio's prompts (chat template, RNG key, token limit: BASE's max_new_tokens unless given)."""
+    ready, errors = trio().prepare(items, max_new_tokens or BASE["generation"]["max_new_tokens"])
     assert not errors, errors
     return [p for _, p in ready]
 
 
-def run_trio(method: dict, rows: list[dict], generation: dict | None = None, seed: int = 0, reward: str = "model"):
+def run_trio(method: dict, items: list[dict], generation: dict | None = None, seed: int = 0, reward: str = "model"):
     """Run a method, from its own parameters, on the bundled trio as the Runner would (the method, then the quality
     measures): (prompts, results, meter)."""
-    prompts = trio_prompts(rows, (generation or {}).get("max_new_tokens"))
+    prompts = trio_prompts(items, (generation or {}).get("max_new_tokens"))
     meter = Meter(len(prompts))
     ctx = trio_context(meter, generation, seed, reward)
     with torch.inference_mode():

@@ -1,8 +1,8 @@
 """What each prompt of a batch cost: tokens and forward calls per model, wall and device seconds.
 
-A batched forward serves several prompts at once; it counts as one forward call for each prompt that had rows in
-it, and each prompt is charged the real (unmasked) tokens of its own rows. Device seconds of a batch are shared
-among its prompts in proportion to the target tokens they caused, so they sum to the batch's device time.
+A batched forward serves several prompts at once; it counts as one forward call for each prompt that had sequences
+in it, and each prompt is charged the real (unmasked) tokens of its own sequences. Device seconds of a batch are
+shared among its prompts in proportion to the target tokens they caused, so they sum to the batch's device time.
 """
 
 from __future__ import annotations
@@ -22,13 +22,14 @@ class Meter:
         self.started = time.perf_counter()
 
     def count_forward(self, role: str, group: torch.Tensor, new_tokens: torch.Tensor) -> None:
-        """One forward over rows of `group` [B] that processed `new_tokens` [B] real tokens each."""
+        """One forward over sequences of prompts `group` [B] that processed `new_tokens` [B] real tokens each."""
         g = group.cpu()
         self.tokens[role] += torch.bincount(g, weights=new_tokens.cpu().double(), minlength=self.num_prompts).long()
         self.forwards[role] += (torch.bincount(g, minlength=self.num_prompts) > 0).long()
 
     def per_prompt(self, devices: float = 1.0) -> list[dict]:
-        """The output row's `cost` struct (README: Output columns) for each prompt. `devices`: GPUs (or 1 for a CPU worker) this batch held."""
+        """The output row's `cost` struct (README: Output columns) for each prompt. `devices`: GPUs (or 1 for a CPU
+        worker) this batch held."""
         wall = time.perf_counter() - self.started
         tgt = self.tokens["target"].double()
         share = tgt / tgt.sum() if tgt.sum() > 0 else torch.full_like(tgt, 1.0 / max(self.num_prompts, 1))

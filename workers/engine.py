@@ -1,15 +1,17 @@
 """A batched decoding engine on transformers' Cache API.
 
 Terms used throughout:
-- a *group* is one prompt of the batch; its rows are its candidates (``cand`` 0..n-1);
-- a *row* is one running candidate: one line of the KV cache, of the attention mask and of ``tokens``;
-- the *pending* token of a row is the last token sampled for it, not yet fed to the model (the cache holds the
-  prompt and every generated token but the pending one);
-- a *hole* is a masked (0) column inside a row's mask: left padding, or (for speculative decoding) a rejected
+- a *sequence* is one line of a decoding batch: of the KV cache, of the attention mask and of ``tokens`` (a
+  candidate, or a beam, while it decodes); a `Batch` holds them;
+- a *group* is one prompt of the batch; its sequences are its candidates (``cand`` 0..n-1);
+- the *pending* token of a sequence is the last token sampled for it, not yet fed to the model (the cache holds
+  the prompt and every generated token but the pending one);
+- a *hole* is a masked (0) column inside a sequence's mask: left padding, or (for speculative decoding) a rejected
   draft position. Holes are never attended to; position ids count only real columns.
+(The glossary, docs/glossary.md, defines prompt, candidate, sequence, finished and rejected for the whole project.)
 
 Each prompt is prefilled once and its cache repeated across its candidates (``batch_repeat_interleave``);
-finished and rejected rows leave the cache by row selection (``batch_select_indices``), never by a new prefill.
+finished and rejected sequences leave the cache by selection (``batch_select_indices``), never by a new prefill.
 """
 
 from __future__ import annotations
@@ -59,8 +61,8 @@ def forward(
 
 
 @dataclass
-class Rows:
-    """The running rows of one model's decoding. All tensors share dim 0 (rows)."""
+class Batch:
+    """The sequences of one model's decoding. All tensors share dim 0 (sequences)."""
 
     cache: DynamicCache
     mask: torch.Tensor  # [B, L] long: 1 real column in cache (or the pending token), 0 hole
@@ -69,16 +71,16 @@ class Rows:
     cand: torch.Tensor  # [B] candidate index within the prompt
     key: torch.Tensor  # [B] prompt key of the counter-based RNG (see workers.sampling)
     length: torch.Tensor  # [B] tokens generated so far, the pending one included
-    limit: torch.Tensor  # [B] most tokens this row may generate
+    limit: torch.Tensor  # [B] most tokens this sequence may generate
     tokens: torch.Tensor  # [B, T] generated tokens; tokens[i, :length[i]] are valid
-    alive: torch.Tensor  # [B] bool: False once a row finished or was rejected (it leaves at the next compaction)
+    alive: torch.Tensor  # [B] bool: False once a sequence finished or was rejected (it leaves at the next compaction)
 
     @property
     def size(self) -> int:
         return int(self.pending.shape[0])
 
     def select(self, idx: torch.Tensor) -> None:
-        """Keep only rows `idx` (a LongTensor of row indices), in the cache and in every per-row tensor."""
+        """Keep only sequences `idx` (a LongTensor of indices), in the cache and in every per-sequence tensor."""
         if idx.numel() == self.size and bool((idx == torch.arange(self.size, device=idx.device)).all()):
             return
         self.cache.batch_select_indices(idx)
@@ -88,14 +90,14 @@ class Rows:
         self.trim_left()
 
     def compact(self, min_dead: int = 1) -> None:
-        """Select the alive rows once at least `min_dead` rows are dead (a select copies the whole cache, so
-        dead rows are dropped in bulk rather than one at a time)."""
+        """Select the alive sequences once at least `min_dead` are dead (a select copies the whole cache, so dead
+        sequences are dropped in bulk rather than one at a time)."""
         dead = int((~self.alive).sum())
         if dead and dead >= min_dead:
             self.select(self.alive.nonzero().flatten())
 
     def trim_left(self) -> None:
-        """Drop leading columns that are holes in every row (left padding no survivor needs)."""
+        """Drop leading columns that are holes in every sequence (left padding no survivor needs)."""
         real = self.mask.any(0)
         if self.size == 0 or bool(real[0]):
             return
@@ -111,7 +113,7 @@ class Rows:
         self.mask = self.mask[:, first:]
 
     def append_pending(self, tok: torch.Tensor) -> None:
-        """Record `tok` [B] as each row's new pending token."""
+        """Record `tok` [B] as each sequence's new pending token."""
         ar = torch.arange(self.size, device=tok.device)
         self.tokens[ar, self.length.clamp(max=self.tokens.shape[1] - 1)] = tok
         self.length = self.length + 1
@@ -134,10 +136,10 @@ def left_pad(prompts: list[list[int]], pad_id: int, device: torch.device) -> tup
 
 
 class Engine:
-    """Target-only batched sampling: prefill once per prompt, one token per row per step."""
+    """Target-only batched sampling: prefill once per prompt, one token per sequence per step."""
 
     role = "target"
-    columns_per_step = 1  # KV columns a step adds to every row
+    columns_per_step = 1  # KV columns a step adds to every sequence
 
     def __init__(
         self,
@@ -164,15 +166,15 @@ class Engine:
     # -- prefill -----------------------------------------------------------------------------------------------
     def prefill(
         self, prompts: list[list[int]], n: int, keys: list[int], limits: list[int]
-    ) -> Rows:
-        """Prefill each prompt once, repeat its cache n times, and sample every row's first token."""
+    ) -> Batch:
+        """Prefill each prompt once, repeat its cache n times, and sample every sequence's first token."""
         dev = self.device
         ids, mask = left_pad(prompts, self.pad_id, dev)  # [P, L]
         groups = torch.arange(len(prompts), device=dev)
         cache = DynamicCache(config=self.model.config)
         logits = forward(self.model, self.role, ids, mask, cache, groups, self.meter)[:, -1]  # [P, V]
         cache.batch_repeat_interleave(n)
-        rows = Rows(
+        batch = Batch(
             cache=cache,
             mask=mask.repeat_interleave(n, 0),
             pending=torch.zeros(len(prompts) * n, dtype=torch.long, device=dev),
@@ -184,30 +186,31 @@ class Engine:
             tokens=torch.full((len(prompts) * n, max(limits)), self.pad_id, dtype=torch.long, device=dev),
             alive=torch.ones(len(prompts) * n, dtype=torch.bool, device=dev),
         )
-        self._sample_into(rows, logits.repeat_interleave(n, 0))
-        return rows
+        self._sample_into(batch, logits.repeat_interleave(n, 0))
+        return batch
 
     # -- decode --------------------------------------------------------------------------------------------------
-    def step(self, rows: Rows) -> None:
-        """Feed every row's pending token and sample its next one."""
-        rows.mask = torch.cat([rows.mask, rows.mask.new_ones(rows.size, 1)], dim=1)  # [B, L+1]
-        logits = forward(self.model, self.role, rows.pending[:, None], rows.mask, rows.cache, rows.group, self.meter)
-        self._sample_into(rows, logits[:, -1])
+    def step(self, batch: Batch) -> None:
+        """Feed every sequence's pending token and sample its next one."""
+        batch.mask = torch.cat([batch.mask, batch.mask.new_ones(batch.size, 1)], dim=1)  # [B, L+1]
+        logits = forward(self.model, self.role, batch.pending[:, None], batch.mask, batch.cache, batch.group,
+                         self.meter)
+        self._sample_into(batch, logits[:, -1])
 
-    def _sample_into(self, rows: Rows, logits: torch.Tensor) -> None:
-        u = uniforms(self.seed, rows.key, rows.cand, rows.length, STREAM_TOKEN)
-        rows.append_pending(next_tokens(logits, self.warp, u))
+    def _sample_into(self, batch: Batch, logits: torch.Tensor) -> None:
+        u = uniforms(self.seed, batch.key, batch.cand, batch.length, STREAM_TOKEN)
+        batch.append_pending(next_tokens(logits, self.warp, u))
 
-    def done(self, rows: Rows) -> torch.Tensor:
-        """[B] bool: alive rows whose last token is EOS or that reached their limit."""
-        return rows.alive & (torch.isin(rows.pending, self.eos) | (rows.length >= rows.limit))
+    def done(self, batch: Batch) -> torch.Tensor:
+        """[B] bool: alive sequences whose last token is EOS or that reached their limit."""
+        return batch.alive & (torch.isin(batch.pending, self.eos) | (batch.length >= batch.limit))
 
     def is_eos(self, tok: torch.Tensor) -> torch.Tensor:
         return torch.isin(tok, self.eos)
 
 
 def kv_bytes_per_token(model: torch.nn.Module) -> int:
-    """KV-cache bytes one token of one row costs: 2 x layers x kv_heads x head_dim x dtype bytes."""
+    """KV-cache bytes one token of one sequence costs: 2 x layers x kv_heads x head_dim x dtype bytes."""
     cfg = model.config.get_text_config()
     heads = cfg.num_attention_heads
     kv_heads = getattr(cfg, "num_key_value_heads", None) or heads

@@ -1,9 +1,10 @@
 """Turns a batch of prompts into output rows: what one Ray actor does with each batch.
 
-`Runner(config)` loads the trio once; `Runner.run(rows)` takes dicts with `prompt_id`, `prompt` (chat messages)
-and optionally `concepts`, and returns one row per input in the shape of `schemas.rows.ROW_SCHEMA`, in order.
-A prompt that cannot run (empty, or longer than the target's context) becomes a row with `error` set; a failure of
-the engine itself raises, so the job fails loudly.
+`Runner(config)` loads the trio once (it is the wiring of one actor: the config's models, its generation settings,
+its method and that method's own parameters); `Runner.run(items)` takes prompts as dicts with `prompt_id`, `prompt`
+(chat messages) and optionally `concepts`, and returns one output row per prompt in the shape of
+`schemas.rows.ROW_SCHEMA` (README: Output columns), in order. A prompt that cannot run (empty, or longer than the
+target's context) becomes a row with `error` set; a failure of the engine itself raises, so the job fails loudly.
 """
 
 from __future__ import annotations
@@ -93,27 +94,27 @@ class Runner:
             return self.tokenizer(text, add_special_tokens=False)["input_ids"]
         return self.tokenizer(render(self.tokenizer, messages, False))["input_ids"]
 
-    def prepare(self, rows: list[dict], max_new_tokens: int | None = None
+    def prepare(self, items: list[dict], max_new_tokens: int | None = None
                 ) -> tuple[list[tuple[int, PromptInput]], dict[int, dict]]:
-        """Split input rows into runnable prompts (with their position) and error rows (by position).
+        """Split input prompts (dicts) into runnable prompts (with their position) and error rows (by position).
         `max_new_tokens`: the most new tokens per response (default generation.max_new_tokens)."""
         name = self.config.method.name
         if max_new_tokens is None:
             max_new_tokens = self.config.generation.max_new_tokens
         ready: list[tuple[int, PromptInput]] = []
         errors: dict[int, dict] = {}
-        for i, row in enumerate(rows):
-            problem = prompt_problem(row["prompt"])
+        for i, item in enumerate(items):
+            problem = prompt_problem(item["prompt"])
             if problem is None:
-                ids = self.encode_prompt(row["prompt"])
+                ids = self.encode_prompt(item["prompt"])
                 if self.context is not None and len(ids) >= self.context:
                     problem = f"prompt is {len(ids)} tokens; the target's context is {self.context} tokens"
             if problem is not None:
-                errors[i] = error_row(row["prompt_id"], row["prompt"], name, problem)
+                errors[i] = error_row(item["prompt_id"], item["prompt"], name, problem)
                 continue
-            concepts = row.get("concepts")
+            concepts = item.get("concepts")
             limit = max_new_tokens if self.context is None else min(max_new_tokens, self.context - len(ids))
-            prompt = PromptInput(row["prompt_id"], row["prompt"], ids, prompt_key(row["prompt_id"]), limit,
+            prompt = PromptInput(item["prompt_id"], item["prompt"], ids, prompt_key(item["prompt_id"]), limit,
                                  list(concepts) if concepts is not None else None)
             ready.append((i, prompt))
         return ready, errors
@@ -125,10 +126,11 @@ class Runner:
                        self.eos_ids, self.pad_id, PoolSampler(g.sampler, g.gamma))
 
     @torch.inference_mode()
-    def run(self, rows: list[dict]) -> list[dict]:
+    def run(self, items: list[dict]) -> list[dict]:
+        """One output row per input prompt, in order (error rows for prompts that cannot run)."""
         started = time.perf_counter()
-        ready, errors = self.prepare(rows)
-        out: list[dict | None] = [errors.get(i) for i in range(len(rows))]
+        ready, errors = self.prepare(items)
+        out: list[dict | None] = [errors.get(i) for i in range(len(items))]
         if not ready:
             return out
         meter = Meter(len(ready))
@@ -147,7 +149,7 @@ class Runner:
                 "prompt_id": p.prompt_id,
                 "prompt": p.messages,
                 "method": self.config.method.name,
-                "candidates": [c.row() for c in res.candidates],
+                "candidates": [c.struct() for c in res.candidates],
                 "best_index": best,
                 "best_text": cand.text if cand else None,
                 "best_reward": cand.reward if cand else None,

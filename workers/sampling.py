@@ -2,7 +2,7 @@
 
 Randomness is a pure function of (seed, prompt key, candidate index, position, stream): every draw is
 ``uniform(seed, prompt, cand, pos, stream)``. A candidate therefore samples the same tokens whether its prompt is
-decoded alone or batched with others, and whether or not other rows have left the batch, which is what makes
+decoded alone or batched with others, and whether or not other sequences have left the batch, which is what makes
 "batched equals alone" and "Speculative Rejection with alpha = 0 equals Best-of-N" exact properties rather
 than statistical ones.
 
@@ -106,8 +106,8 @@ def warp_probs(logits: torch.Tensor, warp: Warp) -> torch.Tensor:
 
 
 def sample(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """Inverse-CDF sampling: one token per row of probs [B, V] from uniforms u [B]; zero-probability tokens are
-    never chosen."""
+    """Inverse-CDF sampling: one token from each of the B distributions probs [B, V], with uniforms u [B];
+    zero-probability tokens are never chosen."""
     cdf = probs.double().cumsum(-1)  # [B, V]
     x = (u.to(cdf.device) * cdf[:, -1]).unsqueeze(-1)  # [B, 1]
     idx = torch.searchsorted(cdf, x, right=True).squeeze(-1)
@@ -115,7 +115,7 @@ def sample(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
 
 def next_tokens(logits: torch.Tensor, warp: Warp, u: torch.Tensor) -> torch.Tensor:
-    """Sample (or argmax) one token per row from logits [B, V]."""
+    """Sample (or argmax) one token from each of the B distributions of logits [B, V]."""
     if warp.greedy:
         return logits.argmax(-1)
     return sample(warp_probs(logits, warp), u)

@@ -1,32 +1,35 @@
-"""Batched speculative decoding (Leviathan et al.), and the two-cache bookkeeping every draft/target method shares.
+"""Batched speculative decoding (Leviathan et al.; docs/references.md), and the two-cache bookkeeping every
+draft/target method shares.
 
-Terms (a *row* is one running sequence; see workers.engine for groups, pending tokens and holes):
+Terms (a *sequence* is one line of a decoding batch; see workers.engine for groups, pending tokens and holes):
 - drafted tokens d_1..d_gamma: proposed by the draft, d_i sampled from q_i, the draft's warped distribution at
   that position (its argmax at temperature 0);
 - accepted: a drafted token that passes u_i < p_i(d_i) / q_i(d_i), u_i uniform, i.e. probability min(1, p/q);
   only the leading run of passing tokens is accepted;
-- rejected: the first drafted token that fails; every drafted token after it is discarded unexamined;
+- rejected (drafted token): the first drafted token that fails; every drafted token after it is discarded
+  unexamined (not to be confused with a candidate rejected by a Speculative Rejection cut);
 - recovered token: the token sampled at the rejected position from norm(max(0, p_i - q_i));
-- bonus token: the token sampled from p_{gamma+1} when every drafted token of the row was accepted;
-- emitted block: the accepted tokens, then the recovered or bonus token, cut after the first EOS and at the row's
-  limit. Its last token becomes the row's pending token.
+- bonus token: the token sampled from p_{gamma+1} when every drafted token of the sequence was accepted;
+- emitted block: the accepted tokens, then the recovered or bonus token, cut after the first EOS and at the
+  sequence's limit. Its last token becomes the sequence's pending token.
 p and q are warped identically (temperature, top-k, top-p). At temperature 0 both are one-hot, so acceptance is
 argmax matching and the recovered token is the target's argmax: greedy speculative decoding is the target's own
 greedy decoding, token for token.
 
-Ragged acceptance without per-row cropping. Each model keeps its own KV cache and 2-D mask (a `Side`). Whatever a
-step feeds (a backlog, the pending token, drafted tokens, lookaheads) is appended as columns to every row at once; a
-row with nothing to feed at a column gets a hole there (mask 0). Once the step's tokens are decided,
-`Side.commit` keeps, per row, the longest run of fed columns that agrees with the committed tokens and turns the rest
-into holes; columns that are holes in every row are cropped from the right (`cache.crop(-n)`, only for n > 0).
-Position ids always come from the mask's cumsum, so holes take no position and the cache stays exact. A committed
+Ragged acceptance without per-sequence cropping. Each model keeps its own KV cache and 2-D mask (a `Side`).
+Whatever a step feeds (a backlog, the pending token, drafted tokens, lookaheads) is appended as columns to every
+sequence at once; a sequence with nothing to feed at a column gets a hole there (mask 0). Once the step's tokens are
+decided, `Side.commit` keeps, per sequence, the longest run of fed columns that agrees with the committed tokens and
+turns the rest into holes; columns that are holes in every sequence are cropped from the right (`cache.crop(-n)`,
+only for n > 0). Position ids always come from the mask's cumsum, so holes take no position and the cache stays
+exact. A committed
 token a model has not seen yet (the draft never feeds the last drafted token; the target's own choices in CDSL) waits
 in that model's *backlog*, tokens[n_in : length - 1], and is fed right-aligned (left holes) in front of its next feed.
-When holes pile up, `pack` moves each row's real columns together: keys carry their rotary positions already, so
+When holes pile up, `pack` moves each sequence's real columns together: keys carry their rotary positions already, so
 moving a column changes nothing.
 
 Randomness is counter-based (workers.sampling): a draw is a function of (seed, prompt, candidate, response position,
-stream), so a row's tokens do not depend on the rows batched with it.
+stream), so a sequence's tokens do not depend on the sequences batched with it.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from workers.cost import Meter
-from workers.engine import Rows, kv_bytes_per_token, left_pad, next_tokens, position_ids
+from workers.engine import Batch, kv_bytes_per_token, left_pad, next_tokens, position_ids
 from workers.sampling import (
     STREAM_ACCEPT, STREAM_DRAFT, STREAM_RESIDUAL, STREAM_TOKEN, Warp, sample, uniforms, warp_probs,
 )
@@ -49,7 +52,7 @@ STREAM_BEAM = 4
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Ragged token helpers: per-row slices of [B, T] token tables, left-aligned with a length.
+# Ragged token helpers: per-sequence slices of [B, T] token tables, left-aligned with a length.
 
 
 def take(tokens: torch.Tensor, start: torch.Tensor, count: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -65,7 +68,7 @@ def take(tokens: torch.Tensor, start: torch.Tensor, count: torch.Tensor) -> tupl
 def ragged_cat(
     a: torch.Tensor, a_len: torch.Tensor, b: torch.Tensor, b_len: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Row-wise concatenation of a[b, :a_len_b] and b[b, :b_len_b] (left-aligned [B, W], [B])."""
+    """Per-sequence concatenation of a[b, :a_len_b] and b[b, :b_len_b] (left-aligned [B, W], [B])."""
     out_len = a_len + b_len
     width = int(out_len.max()) if out_len.numel() else 0
     j = torch.arange(width, device=a.device)[None, :]  # [1, W]
@@ -93,7 +96,7 @@ def right_align(seq: torch.Tensor, start: torch.Tensor, stop: torch.Tensor) -> t
 
 
 def fork_cache(cache: DynamicCache, idx: torch.Tensor) -> DynamicCache:
-    """A new cache holding copies of rows `idx` of `cache` (which is left untouched)."""
+    """A new cache holding copies of sequences `idx` of `cache` (which is left untouched)."""
     new = copy.copy(cache)
     new.layers = []
     for layer in cache.layers:
@@ -106,7 +109,7 @@ def fork_cache(cache: DynamicCache, idx: torch.Tensor) -> DynamicCache:
 
 
 def crop_right(cache: DynamicCache, mask: torch.Tensor) -> torch.Tensor:
-    """Crop the trailing columns that are holes in every row; returns the new mask."""
+    """Crop the trailing columns that are holes in every sequence; returns the new mask."""
     if mask.shape[0] == 0 or mask.shape[1] == 0:
         return mask
     real_cols = mask.bool().any(0)  # [L]
@@ -119,7 +122,7 @@ def crop_right(cache: DynamicCache, mask: torch.Tensor) -> torch.Tensor:
 
 
 def pack(cache: DynamicCache, mask: torch.Tensor, min_holes: int = 1) -> torch.Tensor:
-    """Move each row's real columns to the right end, in order, once `min_holes` columns or more could go; returns
+    """Move each sequence's real columns to the right end, in order, once `min_holes` columns or more could go; returns
     the new (left-padded) mask. Exact: keys already carry their rotary positions and position ids count only real
     columns. Caches with non-dynamic layers (sliding windows) are left as they are."""
     width = mask.shape[1]
@@ -149,9 +152,10 @@ def pack_threshold(width: int) -> int:
 # Per-prompt counters
 
 
-class Tally:
-    """Per-prompt counters of a draft/target method. Calls are counted per row (a forward over k rows of a prompt is
-    k calls), which is how a single sequence sees them and how the papers count them; the Meter counts batched
+class DecodeTally:
+    """Per-prompt counters of a decoding method: calls per model, drafted tokens proposed and accepted, tokens
+    emitted and generated, and CDSL's states. Calls are counted per sequence (a forward over k sequences of a prompt
+    is k calls), which is how a single sequence sees them and how the papers count them; the Meter counts batched
     forwards."""
 
     KEYS = ("target_calls", "draft_calls", "proposed", "accepted", "emitted", "verifications", "generated")
@@ -184,20 +188,20 @@ class Tally:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# One model's view of the rows
+# One model's view of the batch
 
 
 @dataclass
 class Side:
-    """One model's cache and mask over the rows, and what it has seen.
+    """One model's cache and mask over the batch, and what it has seen.
 
-    n_in[b]: how many of the row's tokens (tokens[b, :n_in]) are in this cache; tokens[n_in : length - 1] are its
+    n_in[b]: how many of the sequence's tokens (tokens[b, :n_in]) are in this cache; tokens[n_in : length - 1] are its
     backlog and tokens[length - 1] the pending token. Columns appended since the last commit (from `base` on) are
     the *fed* region; `fed` holds their token ids.
     """
 
     model: torch.nn.Module
-    role: str  # "target" | "draft" (for the Meter and the Tally)
+    role: str  # "target" | "draft" (for the Meter and the DecodeTally)
     cache: DynamicCache
     mask: torch.Tensor  # [B, L] long
     n_in: torch.Tensor  # [B]
@@ -215,13 +219,13 @@ class Side:
         return int(self.mask.shape[0])
 
     def feed(
-        self, ids: torch.Tensor, real: torch.Tensor, group: torch.Tensor, meter: Meter, tally: Tally | None,
+        self, ids: torch.Tensor, real: torch.Tensor, group: torch.Tensor, meter: Meter, tally: DecodeTally | None,
         keep: int = 1,
     ) -> torch.Tensor | None:
         """Append columns ids [B, W] (real [B, W] bool; False = hole) and run one forward.
 
-        Returns float32 logits [B, keep, V] of the last `keep` columns, or None (and appends nothing) when no row has
-        a real column. Only rows with a real column are charged, in the Meter and in the Tally.
+        Returns float32 logits [B, keep, V] of the last `keep` columns, or None (and appends nothing) when no sequence
+        has a real column. Only sequences with a real column are charged, in the Meter and in the DecodeTally.
         """
         real = real.bool()
         if ids.shape[1] == 0 or not bool(real.any()):
@@ -233,10 +237,10 @@ class Side:
             input_ids=ids, attention_mask=self.mask, position_ids=position_ids(self.mask)[:, -w:],
             past_key_values=self.cache, use_cache=True, logits_to_keep=keep,
         )
-        rows = real.any(-1)  # [B]
-        meter.count_forward(self.role, group[rows], real[rows].sum(-1))
+        charged = real.any(-1)  # [B] sequences with a real column
+        meter.count_forward(self.role, group[charged], real[charged].sum(-1))
         if tally is not None:
-            tally.add(self.role + "_calls", group, rows)
+            tally.add(self.role + "_calls", group, charged)
         return out.logits.float()
 
     def _ranks(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -254,25 +258,26 @@ class Side:
         good = f & ((f & ~ok).long().cumsum(-1) == 0)
         return good.sum(-1)
 
-    def retract(self, count: torch.Tensor, rows: torch.Tensor | None = None) -> None:
-        """Keep the first count[b] real fed columns of each row (of `rows`, default all) and hole the rest."""
+    def retract(self, count: torch.Tensor, which: torch.Tensor | None = None) -> None:
+        """Keep the first count[b] real fed columns of each sequence (of those `which` [B] bool marks, default all)
+        and hole the rest."""
         f, rank = self._ranks()
         keep = f & (rank < count[:, None])
-        if rows is not None:
-            keep = torch.where(rows[:, None], keep, f)
+        if which is not None:
+            keep = torch.where(which[:, None], keep, f)
         self.mask = torch.cat([self.mask[:, : self.base], keep.long()], 1)
 
     def extend_to(
-        self, seq: torch.Tensor, seq_len: torch.Tensor, rows: torch.Tensor, group: torch.Tensor, meter: Meter,
-        tally: Tally | None, keep: int = 1,
+        self, seq: torch.Tensor, seq_len: torch.Tensor, which: torch.Tensor, group: torch.Tensor, meter: Meter,
+        tally: DecodeTally | None, keep: int = 1,
     ) -> torch.Tensor | None:
-        """Bring `rows` to the context seq[b, :seq_len_b] (the tokens after the cache's n_in) and return logits of
-        the last `keep` columns: fed columns that agree with seq stay, the others become holes, and the rest of seq
-        (at least its last token) is fed right-aligned. Other rows get holes."""
+        """Bring the sequences `which` [B] bool marks to the context seq[b, :seq_len_b] (the tokens after the cache's
+        n_in) and return logits of the last `keep` columns: fed columns that agree with seq stay, the others become
+        holes, and the rest of seq (at least its last token) is fed right-aligned. Other sequences get holes."""
         count = torch.minimum(self.match(seq, seq_len), (seq_len - 1).clamp(min=0))
-        self.retract(count, rows)
+        self.retract(count, which)
         ids, real = right_align(seq, count, seq_len)
-        return self.feed(ids, real & rows[:, None], group, meter, tally, keep)
+        return self.feed(ids, real & which[:, None], group, meter, tally, keep)
 
     def commit(self, tokens: torch.Tensor, length: torch.Tensor, with_pending: bool = False) -> None:
         """Keep the fed columns that agree with the committed tokens[:, :length] (the pending token excluded unless
@@ -288,10 +293,10 @@ class Side:
         self.fed = self.mask.new_zeros(self.size, 0)
 
     def backlog(self, tokens: torch.Tensor, length: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The row's tokens this cache has not seen, the pending one included: ([B, W], [B])."""
+        """The sequence's tokens this cache has not seen, the pending one included: ([B, W], [B])."""
         return take(tokens, self.n_in, length - self.n_in)
 
-    # -- row bookkeeping (the fed region follows the rows) -----------------------------------------------------
+    # -- sequence bookkeeping (the fed region follows the sequences) ----------------------------------------------
     def select(self, idx: torch.Tensor) -> None:
         self.cache.batch_select_indices(idx)
         self.mask, self.n_in, self.fed = self.mask[idx], self.n_in[idx], self.fed[idx]
@@ -303,18 +308,18 @@ class Side:
         self.fed = self.fed.repeat_interleave(k, 0)
 
     def fork(self, idx: torch.Tensor) -> "Side":
-        """An independent copy of rows `idx` (for lookaheads that are thrown away)."""
+        """An independent copy of sequences `idx` (for lookaheads that are thrown away)."""
         return Side(self.model, self.role, fork_cache(self.cache, idx), self.mask[idx], self.n_in[idx], self.base,
                     self.fed[idx])
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Rows of two models
+# Sequences of two models
 
 
 @dataclass
-class SpecRows(Rows):
-    """Rows decoded with a draft beside the target: `cache`/`mask`/`t_in` are the target's side, `d_*` the draft's.
+class SpecBatch(Batch):
+    """A batch decoded with a draft beside the target: `cache`/`mask`/`t_in` are the target's side, `d_*` the draft's.
 
     `offset` is 0 when tokens[:, :length] is the response (the speculative sampler), 1 when tokens[:, 0] is the
     prompt's last token, fed as the first pending token so that the first iteration of MJSD, CDSL and CDLH is the
@@ -340,7 +345,7 @@ class SpecRows(Rows):
         self.trim_left()
 
     def trim_left(self) -> None:
-        """Drop the columns no surviving row needs (leading padding, holes), in both caches."""
+        """Drop the columns no surviving sequence needs (leading padding, holes), in both caches."""
         self.mask = pack(self.cache, self.mask, pack_threshold(self.mask.shape[1]))
         if self.d_cache is not None:
             self.d_mask = pack(self.d_cache, self.d_mask, pack_threshold(self.d_mask.shape[1]))
@@ -367,15 +372,15 @@ class SpecRows(Rows):
         return self.length - self.offset
 
 
-def room(rows: Rows, eos: torch.Tensor) -> torch.Tensor:
-    """[B] tokens each row may still emit: 0 for dead rows and rows whose pending token is EOS."""
-    open_ = rows.alive & ~torch.isin(rows.pending, eos)
-    return torch.where(open_, rows.limit - rows.length, 0).clamp(min=0)
+def room(batch: Batch, eos: torch.Tensor) -> torch.Tensor:
+    """[B] tokens each sequence may still emit: 0 for dead sequences and sequences whose pending token is EOS."""
+    open_ = batch.alive & ~torch.isin(batch.pending, eos)
+    return torch.where(open_, batch.limit - batch.length, 0).clamp(min=0)
 
 
-def emit(rows: Rows, block: torch.Tensor, block_len: torch.Tensor, room_: torch.Tensor,
+def emit(batch: Batch, block: torch.Tensor, block_len: torch.Tensor, room_: torch.Tensor,
          eos: torch.Tensor) -> torch.Tensor:
-    """Append each row's emitted block[b, :block_len_b], cut after its first EOS and at room_[b] tokens.
+    """Append each sequence's emitted block[b, :block_len_b], cut after its first EOS and at room_[b] tokens.
 
     Updates tokens, length and pending; returns [B] the number of tokens appended."""
     k = block.shape[1]
@@ -384,18 +389,18 @@ def emit(rows: Rows, block: torch.Tensor, block_len: torch.Tensor, room_: torch.
     upto_eos = torch.where(is_eos.any(-1), is_eos.long().argmax(-1) + 1, block_len)
     m = torch.minimum(torch.minimum(block_len, upto_eos), room_).clamp(min=0)  # [B]
     b_idx, j_idx = (j < m[:, None]).nonzero(as_tuple=True)
-    rows.tokens[b_idx, rows.length[b_idx] + j_idx] = block[b_idx, j_idx]
-    last = block.gather(1, (m - 1).clamp(min=0)[:, None])[:, 0] if k else rows.pending
-    rows.pending = torch.where(m > 0, last, rows.pending)
-    rows.length = rows.length + m
+    batch.tokens[b_idx, batch.length[b_idx] + j_idx] = block[b_idx, j_idx]
+    last = block.gather(1, (m - 1).clamp(min=0)[:, None])[:, 0] if k else batch.pending
+    batch.pending = torch.where(m > 0, last, batch.pending)
+    batch.length = batch.length + m
     return m
 
 
-def open_rows(
+def open_batch(
     target: torch.nn.Module, draft: torch.nn.Module | None, prompts: list[list[int]], keys: list[int],
-    limits: list[int], pad_id: int, meter: Meter, tally: Tally, reps: int = 1,
-) -> SpecRows:
-    """Rows in the pending convention (offset 1): each prompt's last token is the first pending token, the caches
+    limits: list[int], pad_id: int, meter: Meter, tally: DecodeTally, reps: int = 1,
+) -> SpecBatch:
+    """A batch in the pending convention (offset 1): each prompt's last token is the first pending token, the caches
     hold the rest of the prompt (prefilled once per prompt, repeated `reps` times)."""
     dev = next(target.parameters()).device
     p = len(prompts)
@@ -418,7 +423,7 @@ def open_rows(
     last = torch.tensor([q[-1] for q in prompts], dtype=torch.long, device=dev).repeat_interleave(reps)
     tokens[:, 0] = last
     zeros = torch.zeros(b, dtype=torch.long, device=dev)
-    return SpecRows(
+    return SpecBatch(
         cache=t_cache, mask=t_mask, pending=last.clone(), group=groups.repeat_interleave(reps),
         cand=torch.arange(reps, device=dev).repeat(p), key=torch.tensor(keys, dtype=torch.long, device=dev)
         .repeat_interleave(reps), length=torch.ones(b, dtype=torch.long, device=dev),
@@ -432,12 +437,12 @@ def open_rows(
 # Speculative sampling: the per-position rules as plain functions
 
 
-def accept_count(p_d: torch.Tensor, q_d: torch.Tensor, u: torch.Tensor, gamma_row: torch.Tensor) -> torch.Tensor:
-    """[B] accepted drafted tokens: the leading run of u_i < p_i(d_i) / q_i(d_i), among the first gamma_row[b].
+def accept_count(p_d: torch.Tensor, q_d: torch.Tensor, u: torch.Tensor, gamma_seq: torch.Tensor) -> torch.Tensor:
+    """[B] accepted drafted tokens: the leading run of u_i < p_i(d_i) / q_i(d_i), among the first gamma_seq[b].
 
     p_d, q_d, u: [B, G] target and draft probabilities of the drafted tokens, and uniforms."""
     g = p_d.shape[1]
-    ok = (u.to(p_d.dtype) * q_d < p_d) & (torch.arange(g, device=p_d.device)[None, :] < gamma_row[:, None])
+    ok = (u.to(p_d.dtype) * q_d < p_d) & (torch.arange(g, device=p_d.device)[None, :] < gamma_seq[:, None])
     return ok.long().cumprod(-1).sum(-1)
 
 
@@ -459,7 +464,7 @@ def recovered_or_bonus(
 
 
 class SpeculativeEngine:
-    """Draft proposes gamma tokens per row, target verifies them in one forward: samples from the target's own
+    """Draft proposes gamma tokens per sequence, target verifies them in one forward: samples from the target's own
     (warped) distribution, with fewer target calls."""
 
     role = "target"
@@ -477,16 +482,17 @@ class SpeculativeEngine:
         self.warp, self.seed, self.meter = warp, seed, meter
         self.columns_per_step = gamma + 1  # the most columns a step appends to either cache
         self.kv_bytes_per_column = kv_bytes_per_token(target) + kv_bytes_per_token(draft)
-        self.tally: Tally | None = None
+        self.tally: DecodeTally | None = None
 
     def stats(self, group: int) -> dict:
         return self.tally.stats(group) if self.tally is not None else {}
 
-    def prefill(self, prompts: list[list[int]], n: int, keys: list[int], limits: list[int]) -> SpecRows:
-        """Prefill each prompt once in both models, repeat n times, sample every row's first token from the target."""
+    def prefill(self, prompts: list[list[int]], n: int, keys: list[int], limits: list[int]) -> SpecBatch:
+        """Prefill each prompt once in both models, repeat n times, sample every sequence's first token from the
+        target."""
         dev = self.device
         p = len(prompts)
-        self.tally = Tally(p)
+        self.tally = DecodeTally(p)
         ids, mask = left_pad(prompts, self.pad_id, dev)  # [P, L]
         groups = torch.arange(p, device=dev)
         zeros = torch.zeros(p, dtype=torch.long, device=dev)
@@ -499,7 +505,7 @@ class SpeculativeEngine:
             side.cache.batch_repeat_interleave(n)
             self.tally.add(side.role + "_calls", groups, torch.full_like(groups, n))
         b = p * n
-        rows = SpecRows(
+        batch = SpecBatch(
             cache=t.cache, mask=t.mask.repeat_interleave(n, 0),
             pending=torch.zeros(b, dtype=torch.long, device=dev), group=groups.repeat_interleave(n),
             cand=torch.arange(n, device=dev).repeat(p),
@@ -511,64 +517,64 @@ class SpeculativeEngine:
             t_in=torch.zeros(b, dtype=torch.long, device=dev), d_cache=d.cache, d_mask=d.mask.repeat_interleave(n, 0),
             d_in=torch.zeros(b, dtype=torch.long, device=dev), offset=0,
         )
-        u = uniforms(self.seed, rows.key, rows.cand, rows.length, STREAM_TOKEN)
-        rows.append_pending(next_tokens(logits.repeat_interleave(n, 0), self.warp, u))
-        self.tally.add("generated", rows.group, torch.ones_like(rows.group))
-        return rows
+        u = uniforms(self.seed, batch.key, batch.cand, batch.length, STREAM_TOKEN)
+        batch.append_pending(next_tokens(logits.repeat_interleave(n, 0), self.warp, u))
+        self.tally.add("generated", batch.group, torch.ones_like(batch.group))
+        return batch
 
-    def step(self, rows: SpecRows) -> None:
-        step_speculative(self.target, self.draft, rows, self.gamma, self.warp, self.seed, self.eos, self.meter,
+    def step(self, batch: SpecBatch) -> None:
+        step_speculative(self.target, self.draft, batch, self.gamma, self.warp, self.seed, self.eos, self.meter,
                          self.tally)
 
-    def done(self, rows: Rows) -> torch.Tensor:
-        return rows.alive & (torch.isin(rows.pending, self.eos) | (rows.length >= rows.limit))
+    def done(self, batch: Batch) -> torch.Tensor:
+        return batch.alive & (torch.isin(batch.pending, self.eos) | (batch.length >= batch.limit))
 
     def is_eos(self, tok: torch.Tensor) -> torch.Tensor:
         return torch.isin(tok, self.eos)
 
 
 def step_speculative(
-    target: torch.nn.Module, draft: torch.nn.Module, rows: SpecRows, gamma: int, warp: Warp, seed: int,
-    eos: torch.Tensor, meter: Meter, tally: Tally,
+    target: torch.nn.Module, draft: torch.nn.Module, batch: SpecBatch, gamma: int, warp: Warp, seed: int,
+    eos: torch.Tensor, meter: Meter, tally: DecodeTally,
 ) -> torch.Tensor:
-    """One draft-then-verify step for every open row; returns [B] tokens emitted.
+    """One draft-then-verify step for every open sequence; returns [B] tokens emitted.
 
-    A row drafts gamma_b = min(gamma, room_b - 1) tokens, so it never drafts past its limit and its tokens do not
-    depend on the other rows. Position coordinates of the random draws: the response index of the token drawn.
+    A sequence drafts gamma_b = min(gamma, room_b - 1) tokens, so it never drafts past its limit and its tokens do not
+    depend on the other batch. Position coordinates of the random draws: the response index of the token drawn.
     """
-    t, d = rows.sides(target, draft)
-    b = rows.size
-    dev = rows.pending.device
+    t, d = batch.sides(target, draft)
+    b = batch.size
+    dev = batch.pending.device
     ar = torch.arange(b, device=dev)
-    room_ = room(rows, eos)  # [B]
+    room_ = room(batch, eos)  # [B]
     active = room_ > 0
-    gam = (room_ - 1).clamp(0, gamma) * active  # [B] drafts proposed per row
+    gam = (room_ - 1).clamp(0, gamma) * active  # [B] drafts proposed per sequence
     g = int(gam.max()) if b else 0
-    pos0 = rows.length - 1 - rows.offset  # [B] response index of the pending token
+    pos0 = batch.length - 1 - batch.offset  # [B] response index of the pending token
 
     # -- draft: gamma tokens from q -------------------------------------------------------------------------------
     drafts = torch.zeros(b, g, dtype=torch.long, device=dev)  # [B, G]
     q = None  # [B, G, V]
     if g > 0:
-        seq, seq_len = d.backlog(rows.tokens, rows.length)
-        logits = d.extend_to(seq, seq_len, gam > 0, rows.group, meter, tally)[:, -1]  # [B, V]
+        seq, seq_len = d.backlog(batch.tokens, batch.length)
+        logits = d.extend_to(seq, seq_len, gam > 0, batch.group, meter, tally)[:, -1]  # [B, V]
         qs = []
         for i in range(g):
             q_i = warp_probs(logits, warp)  # [B, V]
-            u = uniforms(seed, rows.key, rows.cand, pos0 + 1 + i, STREAM_DRAFT)
+            u = uniforms(seed, batch.key, batch.cand, pos0 + 1 + i, STREAM_DRAFT)
             drafts[:, i] = logits.argmax(-1) if warp.greedy else sample(q_i, u)
             qs.append(q_i)
             if i + 1 < g:
-                logits = d.feed(drafts[:, i : i + 1], (gam > i + 1)[:, None], rows.group, meter, tally)[:, -1]
+                logits = d.feed(drafts[:, i : i + 1], (gam > i + 1)[:, None], batch.group, meter, tally)[:, -1]
         q = torch.stack(qs, 1)
 
     # -- verify: one target forward over the pending token and the drafts -----------------------------------------
-    back, back_len = t.backlog(rows.tokens, rows.length)
+    back, back_len = t.backlog(batch.tokens, batch.length)
     seq, seq_len = ragged_cat(back, back_len, drafts, gam)
-    logits = t.extend_to(seq, seq_len, active, rows.group, meter, tally, keep=g + 1)  # [B, G+1, V]
+    logits = t.extend_to(seq, seq_len, active, batch.group, meter, tally, keep=g + 1)  # [B, G+1, V]
     if logits is None:
         return torch.zeros(b, dtype=torch.long, device=dev)
-    shift = g - gam  # rows with fewer drafts are right-aligned: their columns start later
+    shift = g - gam  # sequences with fewer drafts are right-aligned: their columns start later
     cols = (shift[:, None] + torch.arange(g + 1, device=dev)[None, :]).clamp(max=g)  # [B, G+1]
     logits = logits.gather(1, cols[..., None].expand(-1, -1, logits.shape[-1]))  # [B, G+1, V] column i = p_{i+1}
     p = warp_probs(logits, warp)  # [B, G+1, V]
@@ -576,7 +582,7 @@ def step_speculative(
     if g > 0:
         p_d = p[:, :g].gather(-1, drafts[..., None])[..., 0]  # [B, G]
         q_d = q.gather(-1, drafts[..., None])[..., 0]  # [B, G]
-        u = uniforms(seed, rows.key[:, None], rows.cand[:, None], pos0[:, None] + 1 + torch.arange(g, device=dev),
+        u = uniforms(seed, batch.key[:, None], batch.cand[:, None], pos0[:, None] + 1 + torch.arange(g, device=dev),
                      STREAM_ACCEPT)
         n = accept_count(p_d, q_d, u, gam)  # [B]
         q_next = q[ar, n.clamp(max=g - 1)]  # [B, V]
@@ -584,27 +590,27 @@ def step_speculative(
         n = torch.zeros(b, dtype=torch.long, device=dev)
         q_next = torch.zeros_like(p[:, 0])
     rejected = n < gam
-    u = uniforms(seed, rows.key, rows.cand, pos0 + 1 + n, STREAM_RESIDUAL)
+    u = uniforms(seed, batch.key, batch.cand, pos0 + 1 + n, STREAM_RESIDUAL)
     if warp.greedy:
         nxt = logits[ar, n].argmax(-1)  # greedy: the recovered or bonus token is the target's argmax
     else:
         nxt = recovered_or_bonus(p[ar, n], q_next, rejected, u, greedy=False)
     block = torch.cat([drafts, drafts.new_zeros(b, 1)], 1)  # [B, G+1]
     block[ar, n] = nxt
-    return commit_block(rows, t, d, tally, block, n, active, gam, room_, eos)
+    return commit_block(batch, t, d, tally, block, n, active, gam, room_, eos)
 
 
-def commit_block(rows, t, d, tally: Tally, block: torch.Tensor, accepted: torch.Tensor, active: torch.Tensor,
+def commit_block(batch, t, d, tally: DecodeTally, block: torch.Tensor, accepted: torch.Tensor, active: torch.Tensor,
                  proposed: torch.Tensor, room_: torch.Tensor, eos: torch.Tensor) -> torch.Tensor:
-    """End of a verification: emit each active row's `accepted` drafts plus the target's token (block[:, :n+1]),
-    bring both caches in step with the committed tokens, and tally; returns the tokens emitted per row."""
-    m = emit(rows, block, (accepted + 1) * active, room_, eos)
-    t.commit(rows.tokens, rows.length)
-    d.commit(rows.tokens, rows.length)
-    rows.store(t, d)
-    tally.add("proposed", rows.group, proposed)
-    tally.add("accepted", rows.group, accepted * active)
-    tally.add("emitted", rows.group, m)
-    tally.add("generated", rows.group, m)
-    tally.add("verifications", rows.group, active)
+    """End of a verification: emit each active sequence's `accepted` drafts plus the target's token (block[:, :n+1]),
+    bring both caches in step with the committed tokens, and tally; returns the tokens emitted per sequence."""
+    m = emit(batch, block, (accepted + 1) * active, room_, eos)
+    t.commit(batch.tokens, batch.length)
+    d.commit(batch.tokens, batch.length)
+    batch.store(t, d)
+    tally.add("proposed", batch.group, proposed)
+    tally.add("accepted", batch.group, accepted * active)
+    tally.add("emitted", batch.group, m)
+    tally.add("generated", batch.group, m)
+    tally.add("verifications", batch.group, active)
     return m

@@ -1,4 +1,5 @@
-"""Beam search with the target (paper 000's baseline), batched across prompts; returns each prompt's best beam.
+"""Beam search with the target (paper 000's baseline; docs/references.md), batched across prompts; returns each
+prompt's best beam.
 
 The rules are those of Hugging Face's default beam search (`early_stopping=False`), so that `generate(num_beams=M,
 do_sample=False)` is an oracle for it:
@@ -20,7 +21,7 @@ from transformers import DynamicCache
 
 from schemas.methods import Beam
 from workers.methods.common import Candidate, Context, MethodResult, PromptInput
-from workers.speculative import Side, Tally
+from workers.speculative import Side, DecodeTally
 from workers.engine import left_pad
 
 NEG = -1.0e9  # the score of an empty slot, as in transformers
@@ -33,7 +34,7 @@ def run_beam(ctx: Context, prompts: list[PromptInput], num_beams: int, length_pe
     eos = torch.tensor(sorted(set(ctx.eos_ids)), dtype=torch.long, device=dev)
     p_count, m = len(prompts), num_beams
     k = max(2, 1 + eos.numel()) * m
-    tally = Tally(p_count)
+    tally = DecodeTally(p_count)
 
     ids, mask = left_pad([p.ids for p in prompts], ctx.pad_id, dev)  # [P, L]
     group = torch.arange(p_count, device=dev)  # prompts still searching

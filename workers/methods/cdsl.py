@@ -1,13 +1,14 @@
-"""Constrained decoding with speculative lookaheads (CDSL, paper 000, Algorithm 1) and its baselines CDLH
-(Algorithm 2, target lookaheads) and CDLH-appx (section 3.1, draft lookaheads), batched across prompts.
+"""Constrained decoding with speculative lookaheads (CDSL, paper 000, Algorithm 1; docs/references.md) and its
+baselines CDLH (Algorithm 2, target lookaheads) and CDLH-appx (section 3.1, draft lookaheads), batched across
+prompts.
 
 Symbols as in the paper: d (`lookahead`) drafted/lookahead tokens, k (`top_k`) candidate tokens, a_t
 (`accept_threshold`), r_t (`reward_threshold`), b target tokens tried in step 1, R the reward (`ctx.score`).
 
-One CDSL iteration for a row whose response so far is T (pfx = prompt + T):
+One CDSL iteration for a sequence whose response so far is T (pfx = prompt + T):
   draft x_1..x_d with the draft (greedy for hard validation, sampled from q for speculative-sampling validation);
   verify with one target forward: n = accepted tokens (argmax match, or min(1, p/q) tests), a = n / d;
-  r = R(T + x_1..x_n); the state and its action (O is what the row emits):
+  r = R(T + x_1..x_n); the state and its action (O is what the sequence emits):
     S1  a >= a_t, r >= r_t   O = x_1..x_n (no bonus token: nothing unscored is accepted)
     S2  a <  a_t, r <  r_t   step 1, then step 2 if step 1 found nothing
     S3  a <  a_t, r >= r_t   the same actions as S2
@@ -19,9 +20,9 @@ A CDLH-appx token after context c: the target's top-k next tokens at c (from its
 draft tokens, scored by R; the best (the more likely on ties) is taken. CDLH is the same with the target's
 lookaheads.
 
-Two points the paper leaves open, decided here: an accepted EOS ends the row with x_1..x_n cut after it, whatever
-the state (nothing can follow an EOS); and a row whose n = 0 would be S1 (possible only with a_t = 0) is treated as
-S3, since S1 would emit nothing and repeat the same iteration forever.
+Two points the paper leaves open, decided here: an accepted EOS ends the sequence with x_1..x_n cut after it,
+whatever the state (nothing can follow an EOS); and a sequence whose n = 0 would be S1 (possible only with a_t = 0)
+is treated as S3, since S1 would emit nothing and repeat the same iteration forever.
 
 Calls are free where the paper's quantities already exist: X_1 and step 2's candidates come from the verification
 forward (the target's logits after x_1..x_n), so step 1 costs b - 1 extra target calls at most.
@@ -34,9 +35,9 @@ import torch
 from schemas.methods import CDLH, CDSL, CDLHAppx
 from workers.cost import Meter
 from workers.methods.common import Context, MethodResult, PromptInput
-from workers.methods.speculative import decode_rows, finish, score_rows
+from workers.methods.speculative import decode_batch, finish, score_sequences
 from workers.sampling import STREAM_ACCEPT, STREAM_DRAFT, Warp, sample, uniforms, warp_probs
-from workers.speculative import Side, SpecRows, Tally, emit, ragged_cat, room
+from workers.speculative import DecodeTally, Side, SpecBatch, emit, ragged_cat, room
 
 S1, S2, S3, S4 = 1, 2, 3, 4
 
@@ -53,11 +54,11 @@ def cdsl_states(n: torch.Tensor, d: int, r: torch.Tensor, a_t: float, r_t: float
 
 def rollout(
     side: Side, seq: torch.Tensor, seq_len: torch.Tensor, live: torch.Tensor, d: int, eos: torch.Tensor,
-    group: torch.Tensor, meter: Meter, tally: Tally | None,
+    group: torch.Tensor, meter: Meter, tally: DecodeTally | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Greedy lookahead: bring `live` rows to context seq (tokens after the side's n_in), then d greedy tokens
-    (d forwards; a row stops after an EOS). Returns lookahead [B, d], its lengths [B], and the logits after the
-    context's last token ([B, V], None when no row was live)."""
+    """Greedy lookahead: bring `live` sequences to context seq (tokens after the side's n_in), then d greedy tokens
+    (d forwards; a sequence stops after an EOS). Returns lookahead [B, d], its lengths [B], and the logits after the
+    context's last token ([B, V], None when no sequence was live)."""
     b = seq.shape[0]
     lh = torch.zeros(b, d, dtype=torch.long, device=seq.device)
     lh_len = torch.zeros(b, dtype=torch.long, device=seq.device)
@@ -78,16 +79,17 @@ def rollout(
 
 
 def best_lookahead_token(
-    ctx: Context, prompts: list[PromptInput], rows: SpecRows, side: Side, s_logits: torch.Tensor, prefix: torch.Tensor,
+    ctx: Context, prompts: list[PromptInput], batch: SpecBatch, side: Side, s_logits: torch.Tensor,
+    prefix: torch.Tensor,
     prefix_len: torch.Tensor, ext: torch.Tensor, ext_len: torch.Tensor, select: torch.Tensor, k: int, d: int,
-    eos: torch.Tensor, tally: Tally,
+    eos: torch.Tensor, tally: DecodeTally,
 ) -> torch.Tensor:
-    """One CDLH token for the `select` rows, with lookaheads from `side` (a throwaway fork of it).
+    """One CDLH token for the sequences `select` marks, with lookaheads from `side` (a throwaway fork of it).
 
     s_logits [B, V]: the target's logits at the context; prefix: the side's context after its n_in; ext: what
-    follows the response before the candidate (x_1..x_n in CDSL). Returns [B] tokens (0 for rows not selected)."""
+    follows the response before the candidate (x_1..x_n in CDSL). Returns [B] tokens (0 for sequences not selected)."""
     idx = select.nonzero().flatten()  # [R]
-    out = torch.zeros(rows.size, dtype=torch.long, device=s_logits.device)
+    out = torch.zeros(batch.size, dtype=torch.long, device=s_logits.device)
     if idx.numel() == 0:
         return out
     cands = torch.topk(s_logits[idx], k, dim=-1).indices  # [R, k] ordered by logit
@@ -96,47 +98,47 @@ def best_lookahead_token(
     one = torch.ones_like(rep)
     f = side.fork(rep)
     seq, seq_len = ragged_cat(prefix[rep], prefix_len[rep], flat, one)
-    lh, lh_len, _ = rollout(f, seq, seq_len, ~torch.isin(flat[:, 0], eos), d, eos, rows.group[rep], ctx.meter, tally)
+    lh, lh_len, _ = rollout(f, seq, seq_len, ~torch.isin(flat[:, 0], eos), d, eos, batch.group[rep], ctx.meter, tally)
     full, full_len = ragged_cat(ext[rep], ext_len[rep], flat, one)
     full, full_len = ragged_cat(full, full_len, lh, lh_len)
-    r = score_rows(ctx, prompts, rows, rep, full, full_len).view(-1, k)  # [R, k]
+    r = score_sequences(ctx, prompts, batch, rep, full, full_len).view(-1, k)  # [R, k]
     best = r.argmax(-1)  # the first maximum: the more likely candidate on ties
     out[idx] = cands[torch.arange(idx.numel(), device=idx.device), best]
     return out
 
 
 def step_one(
-    ctx: Context, prompts: list[PromptInput], rows: SpecRows, t: Side, dr: Side, after_n: torch.Tensor,
+    ctx: Context, prompts: list[PromptInput], batch: SpecBatch, t: Side, dr: Side, after_n: torch.Tensor,
     x: torch.Tensor, n: torch.Tensor, select: torch.Tensor, b: int, d: int, r_t: float, eos: torch.Tensor,
-    tally: Tally,
+    tally: DecodeTally,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Step 1 of S2/S3 (Algorithm 1, lines 30-43) for the `select` rows. after_n [B, V]: the target's logits after
-    x_1..x_n. Returns X [B, b], its accepted length [B] and whether step 1 found tokens [B]."""
-    bsz = rows.size
+    """Step 1 of S2/S3 (Algorithm 1, lines 30-43) for the sequences `select` marks. after_n [B, V]: the target's
+    logits after x_1..x_n. Returns X [B, b], its accepted length [B] and whether step 1 found tokens [B]."""
+    bsz = batch.size
     dev = x.device
     X = torch.zeros(bsz, b, dtype=torch.long, device=dev)
     X_len = torch.zeros(bsz, dtype=torch.long, device=dev)
     found = torch.zeros(bsz, dtype=torch.bool, device=dev)
     searching = select.clone()
-    t_back, t_back_len = t.backlog(rows.tokens, rows.length)
+    t_back, t_back_len = t.backlog(batch.tokens, batch.length)
     t_ctx, t_ctx_len = ragged_cat(t_back, t_back_len, x, n)  # target context: backlog, pending, x_1..x_n
-    d_back, d_back_len = dr.backlog(rows.tokens, rows.length)
+    d_back, d_back_len = dr.backlog(batch.tokens, batch.length)
     d_ctx, d_ctx_len = ragged_cat(d_back, d_back_len, x, n)
     X[:, 0] = after_n.argmax(-1)  # line 32 for i = 1: already known from the verification forward
     for i in range(b):
         width = torch.full_like(n, i + 1)
         if i > 0:
             seq, seq_len = ragged_cat(t_ctx, t_ctx_len, X, torch.full_like(n, i))
-            logits = t.extend_to(seq, seq_len, searching, rows.group, ctx.meter, tally)[:, -1]
+            logits = t.extend_to(seq, seq_len, searching, batch.group, ctx.meter, tally)[:, -1]
             X[:, i] = torch.where(searching, logits.argmax(-1), 0)
         seq, seq_len = ragged_cat(d_ctx, d_ctx_len, X, width)  # lines 34-38: the draft's lookahead
-        lh, lh_len, _ = rollout(dr, seq, seq_len, searching & ~torch.isin(X[:, i], eos), d, eos, rows.group,
+        lh, lh_len, _ = rollout(dr, seq, seq_len, searching & ~torch.isin(X[:, i], eos), d, eos, batch.group,
                                 ctx.meter, tally)
         ext, ext_len = ragged_cat(x, n, X, width)
         ext, ext_len = ragged_cat(ext, ext_len, lh, lh_len)
         idx = searching.nonzero().flatten()
         r = torch.full((bsz,), -torch.inf, dtype=torch.float64, device=dev)
-        r[idx] = score_rows(ctx, prompts, rows, idx, ext[idx], ext_len[idx])
+        r[idx] = score_sequences(ctx, prompts, batch, idx, ext[idx], ext_len[idx])
         hit = searching & (r >= r_t)  # line 39
         found |= hit
         X_len = torch.where(hit, i + 1, X_len)
@@ -147,37 +149,37 @@ def step_one(
 
 
 def step_cdsl(
-    ctx: Context, prompts: list[PromptInput], rows: SpecRows, tally: Tally, d: int, k: int, a_t: float, r_t: float,
-    b: int, validation: str, eos: torch.Tensor, decide=cdsl_states,
+    ctx: Context, prompts: list[PromptInput], batch: SpecBatch, tally: DecodeTally, d: int, k: int, a_t: float,
+    r_t: float, b: int, validation: str, eos: torch.Tensor, decide=cdsl_states,
 ) -> torch.Tensor:
-    """One CDSL iteration for every open row; returns [B] the states taken (0 for rows not running).
+    """One CDSL iteration for every open sequence; returns [B] the states taken (0 for sequences not running).
 
     `decide(n, d, r, a_t, r_t) -> state` is Algorithm 1's decision, a parameter so tests can force states."""
-    t, dr = rows.sides(ctx.target, ctx.draft)
-    bsz = rows.size
-    dev = rows.pending.device
+    t, dr = batch.sides(ctx.target, ctx.draft)
+    bsz = batch.size
+    dev = batch.pending.device
     ar = torch.arange(bsz, device=dev)
-    room_ = room(rows, eos)
+    room_ = room(batch, eos)
     active = room_ > 0
     warp = ctx.warp if validation == "sampling" else Warp(temperature=0.0)
-    pos0 = rows.length - 1 - rows.offset  # [B] response index of the pending token
-    meter, grp = ctx.meter, rows.group
+    pos0 = batch.length - 1 - batch.offset  # [B] response index of the pending token
+    meter, grp = ctx.meter, batch.group
 
     # lines 4-8: draft d tokens
-    seq, seq_len = dr.backlog(rows.tokens, rows.length)
+    seq, seq_len = dr.backlog(batch.tokens, batch.length)
     logits = dr.extend_to(seq, seq_len, active, grp, meter, tally)[:, -1]  # [B, V]
     x = torch.zeros(bsz, d, dtype=torch.long, device=dev)
     qs = []
     for i in range(d):
         q_i = warp_probs(logits, warp)  # [B, V]
-        u = uniforms(ctx.seed, rows.key, rows.cand, pos0 + 1 + i, STREAM_DRAFT)
+        u = uniforms(ctx.seed, batch.key, batch.cand, pos0 + 1 + i, STREAM_DRAFT)
         x[:, i] = logits.argmax(-1) if warp.greedy else sample(q_i, u)
         qs.append(q_i)
         if i + 1 < d:
             logits = dr.feed(x[:, i : i + 1], active[:, None], grp, meter, tally)[:, -1]
 
     # lines 9-20: verify with one target forward; n accepted
-    back, back_len = t.backlog(rows.tokens, rows.length)
+    back, back_len = t.backlog(batch.tokens, batch.length)
     seq, seq_len = ragged_cat(back, back_len, x, torch.full_like(back_len, d) * active)
     L = t.extend_to(seq, seq_len, active, grp, meter, tally, keep=d + 1)  # [B, d+1, V] column i predicts x_{i+1}
     if validation == "hard":
@@ -187,19 +189,19 @@ def step_cdsl(
         q = torch.stack(qs, 1)
         p_d = p.gather(-1, x[..., None])[..., 0]
         q_d = q.gather(-1, x[..., None])[..., 0]
-        u = uniforms(ctx.seed, rows.key[:, None], rows.cand[:, None], pos0[:, None] + 1 + torch.arange(d, device=dev),
+        u = uniforms(ctx.seed, batch.key[:, None], batch.cand[:, None], pos0[:, None] + 1 + torch.arange(d, device=dev),
                      STREAM_ACCEPT)
         ok = u.to(p_d.dtype) * q_d < p_d
     n = ok.long().cumprod(-1).sum(-1) * active  # [B]
     j = torch.arange(d, device=dev)[None, :]
     accepted_eos = torch.isin(x, eos) & (j < n[:, None])
-    ends = accepted_eos.any(-1)  # an accepted EOS ends the row
+    ends = accepted_eos.any(-1)  # an accepted EOS ends the sequence
     n = torch.where(ends, accepted_eos.long().argmax(-1) + 1, n)
 
     # line 22: reward of the accepted prefix; lines 24-52: state and action
     idx = active.nonzero().flatten()
     r = torch.zeros(bsz, dtype=torch.float64, device=dev)
-    r[idx] = score_rows(ctx, prompts, rows, idx, x[idx], n[idx])
+    r[idx] = score_sequences(ctx, prompts, batch, idx, x[idx], n[idx])
     state = decide(n, d, r, a_t, r_t) * active
     after_n = L[ar, n]  # [B, V] the target's logits after x_1..x_n
 
@@ -208,22 +210,22 @@ def step_cdsl(
     low_a = active & ~ends & ((state == S2) | (state == S3))
     found = torch.zeros(bsz, dtype=torch.bool, device=dev)
     if b > 0 and bool(low_a.any()):
-        X, X_len, found = step_one(ctx, prompts, rows, t, dr, after_n, x, n, low_a, b, d, r_t, eos, tally)
+        X, X_len, found = step_one(ctx, prompts, batch, t, dr, after_n, x, n, low_a, b, d, r_t, eos, tally)
         extra = torch.where(found[:, None], X, extra)
         extra_len = torch.where(found, X_len, extra_len)
     appx = active & ~ends & ((state == S4) | (low_a & ~found))
     if bool(appx.any()):
-        d_back, d_back_len = dr.backlog(rows.tokens, rows.length)
+        d_back, d_back_len = dr.backlog(batch.tokens, batch.length)
         prefix, prefix_len = ragged_cat(d_back, d_back_len, x, n)
-        o = best_lookahead_token(ctx, prompts, rows, dr, after_n, prefix, prefix_len, x, n, appx, k, d, eos, tally)
+        o = best_lookahead_token(ctx, prompts, batch, dr, after_n, prefix, prefix_len, x, n, appx, k, d, eos, tally)
         extra[:, 0] = torch.where(appx, o, extra[:, 0])
         extra_len = torch.where(appx, 1, extra_len)
 
     block, block_len = ragged_cat(x, n, extra, extra_len)
-    m = emit(rows, block, block_len * active, room_, eos)
-    t.commit(rows.tokens, rows.length)
-    dr.commit(rows.tokens, rows.length)
-    rows.store(t, dr)
+    m = emit(batch, block, block_len * active, room_, eos)
+    t.commit(batch.tokens, batch.length)
+    dr.commit(batch.tokens, batch.length)
+    batch.store(t, dr)
     tally.add_states(grp, state)
     tally.add("proposed", grp, torch.full_like(n, d) * active)
     tally.add("accepted", grp, n)
@@ -234,51 +236,51 @@ def step_cdsl(
 
 
 def step_cdlh(
-    ctx: Context, prompts: list[PromptInput], rows: SpecRows, tally: Tally, k: int, d: int, approx: bool,
+    ctx: Context, prompts: list[PromptInput], batch: SpecBatch, tally: DecodeTally, k: int, d: int, approx: bool,
     eos: torch.Tensor, s_logits: torch.Tensor | None,
 ) -> torch.Tensor | None:
-    """One token of CDLH (Algorithm 2; lookaheads by the target) or CDLH-appx (by the draft) for every open row.
+    """One token of CDLH (Algorithm 2; lookaheads by the target) or CDLH-appx (by the draft) for every open sequence.
 
     s_logits [B, V]: the target's logits at the current context when already known (CDLH keeps them from the
     chosen candidate's first lookahead forward), else None. Returns the next call's s_logits (None for CDLH-appx).
     """
-    t, dr = rows.sides(ctx.target, ctx.draft if approx else None)
-    bsz = rows.size
-    dev = rows.pending.device
+    t, dr = batch.sides(ctx.target, ctx.draft if approx else None)
+    bsz = batch.size
+    dev = batch.pending.device
     ar = torch.arange(bsz, device=dev)
-    room_ = room(rows, eos)
+    room_ = room(batch, eos)
     active = room_ > 0
     if s_logits is None:  # lines 4-5: s(x) = M_p(pfx)
-        seq, seq_len = t.backlog(rows.tokens, rows.length)
-        s_logits = t.extend_to(seq, seq_len, active, rows.group, ctx.meter, tally)[:, -1]
+        seq, seq_len = t.backlog(batch.tokens, batch.length)
+        s_logits = t.extend_to(seq, seq_len, active, batch.group, ctx.meter, tally)[:, -1]
     cands = torch.topk(s_logits, k, dim=-1).indices  # [B, k] line 6
     side = dr if approx else t
-    side.repeat(k)  # one row per candidate; the chosen one is kept below
+    side.repeat(k)  # one sequence per candidate; the chosen one is kept below
     rep = ar.repeat_interleave(k)
     flat = cands.reshape(-1, 1)
     one = torch.ones_like(rep)
-    back, back_len = side.backlog(rows.tokens[rep], rows.length[rep])
+    back, back_len = side.backlog(batch.tokens[rep], batch.length[rep])
     seq, seq_len = ragged_cat(back, back_len, flat, one)
     live = active[rep] & ~torch.isin(flat[:, 0], eos)
-    lh, lh_len, first = rollout(side, seq, seq_len, live, d, eos, rows.group[rep], ctx.meter, tally)  # lines 9-16
+    lh, lh_len, first = rollout(side, seq, seq_len, live, d, eos, batch.group[rep], ctx.meter, tally)  # lines 9-16
     full, full_len = ragged_cat(flat, one, lh, lh_len)
     r = torch.full((bsz * k,), -torch.inf, dtype=torch.float64, device=dev)
     idx = active[rep].nonzero().flatten()
-    r[idx] = score_rows(ctx, prompts, rows, rep[idx], full[idx], full_len[idx])  # line 17
+    r[idx] = score_sequences(ctx, prompts, batch, rep[idx], full[idx], full_len[idx])  # line 17
     best = r.view(bsz, k).argmax(-1)  # lines 18-21 (strict >: the first maximum)
     side.select(ar * k + best)
-    m = emit(rows, cands[ar, best][:, None], active.long(), room_, eos)
+    m = emit(batch, cands[ar, best][:, None], active.long(), room_, eos)
     if approx:
-        t.commit(rows.tokens, rows.length)
-        dr.commit(rows.tokens, rows.length, with_pending=True)
-        rows.store(t, dr)
+        t.commit(batch.tokens, batch.length)
+        dr.commit(batch.tokens, batch.length, with_pending=True)
+        batch.store(t, dr)
         nxt = None
     else:
-        t.commit(rows.tokens, rows.length, with_pending=True)  # the chosen token is in the cache already
-        rows.store(t, None)
+        t.commit(batch.tokens, batch.length, with_pending=True)  # the chosen token is in the cache already
+        batch.store(t, None)
         nxt = first.view(bsz, k, -1)[ar, best] if first is not None else None
-    tally.add("emitted", rows.group, m)
-    tally.add("generated", rows.group, m)
+    tally.add("emitted", batch.group, m)
+    tally.add("generated", batch.group, m)
     return nxt
 
 
@@ -288,10 +290,10 @@ def run_cdsl(ctx: Context, prompts: list[PromptInput], d: int, k: int, a_t: floa
     if ctx.draft is None:
         raise ValueError("models.draft: required by method 'cdsl'")
 
-    def step(rows: SpecRows, tally: Tally, eos: torch.Tensor, kept) -> None:
-        step_cdsl(ctx, prompts, rows, tally, d, k, a_t, r_t, b, validation, eos, decide)
+    def step(batch: SpecBatch, tally: DecodeTally, eos: torch.Tensor, kept) -> None:
+        step_cdsl(ctx, prompts, batch, tally, d, k, a_t, r_t, b, validation, eos, decide)
 
-    out, tally = decode_rows(ctx, prompts, ctx.draft, step)
+    out, tally = decode_batch(ctx, prompts, ctx.draft, step)
     results = finish(ctx, prompts, out, tally)
     for g, res in enumerate(results):
         res.stats["state_counts"] = tally.states[g].tolist()
@@ -302,15 +304,15 @@ def run_cdsl(ctx: Context, prompts: list[PromptInput], d: int, k: int, a_t: floa
 def run_cdlh(ctx: Context, prompts: list[PromptInput], d: int, k: int, approx: bool) -> list[MethodResult]:
     if approx and ctx.draft is None:
         raise ValueError("models.draft: required by method 'cdlh_appx'")
-    s_logits = None  # the target's next-token logits carried between steps, one row per open row
+    s_logits = None  # the target's next-token logits carried between steps, one line per open sequence
 
-    def step(rows: SpecRows, tally: Tally, eos: torch.Tensor, kept) -> None:
+    def step(batch: SpecBatch, tally: DecodeTally, eos: torch.Tensor, kept) -> None:
         nonlocal s_logits
         if kept is not None and s_logits is not None:
             s_logits = s_logits[kept]
-        s_logits = step_cdlh(ctx, prompts, rows, tally, k, d, approx, eos, s_logits)
+        s_logits = step_cdlh(ctx, prompts, batch, tally, k, d, approx, eos, s_logits)
 
-    out, tally = decode_rows(ctx, prompts, ctx.draft if approx else None, step)
+    out, tally = decode_batch(ctx, prompts, ctx.draft if approx else None, step)
     return finish(ctx, prompts, out, tally, speculative=False)
 
 

@@ -39,7 +39,8 @@ class Candidate:
     reward: float | None = None
     partial_rewards: list[float] = field(default_factory=list)
 
-    def row(self) -> dict:
+    def struct(self) -> dict:
+        """The candidate as an element of its output row's `candidates` list (schemas.rows.CANDIDATE)."""
         return {
             "text": self.text,
             "num_tokens": len(self.tokens),

@@ -20,7 +20,7 @@ from workers.methods.common import Context, MethodResult, PromptInput
 
 
 def constraint_stats(text: str, concepts: list[str] | None) -> dict:
-    """{"hard_constraint", "soft_constraint"} of a response; empty when the row has no concepts."""
+    """{"hard_constraint", "soft_constraint"} of a response; empty when the prompt has no concepts."""
     if not concepts:
         return {}
     hits = covered(text, list(concepts))
@@ -43,7 +43,7 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
 
 @torch.inference_mode()
 def perplexities(model: torch.nn.Module, pad_id: int, prompts: list[list[int]], responses: list[list[int]],
-                 batch_rows: int = 16) -> list[float | None]:
+                 batch_size: int = 16) -> list[float | None]:
     """Perplexity of each response given its prompt under `model` (temperature 1); None for an empty response.
 
     Sequences are left-padded, so every response ends at the last column: logits are kept only for the last
@@ -51,8 +51,8 @@ def perplexities(model: torch.nn.Module, pad_id: int, prompts: list[list[int]], 
     dev = next(model.parameters()).device
     out: list[float | None] = [None] * len(prompts)
     todo = [i for i, r in enumerate(responses) if r]
-    for s in range(0, len(todo), batch_rows):
-        chunk = todo[s : s + batch_rows]
+    for s in range(0, len(todo), batch_size):
+        chunk = todo[s : s + batch_size]
         ids, mask = left_pad([prompts[i] + responses[i] for i in chunk], pad_id, dev)  # [b, L]
         n_max = max(len(responses[i]) for i in chunk)
         logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask),

@@ -1,6 +1,7 @@
-"""Multi-token joint speculative decoding (MJSD, paper 002, Algorithm 1), batched across prompts.
+"""Multi-token joint speculative decoding (MJSD, paper 002, Algorithm 1; docs/references.md), batched across
+prompts.
 
-One iteration per row:
+One iteration per sequence:
 1. the draft beam-samples gamma tokens with num_beams beams: every beam is extended by every token, the
    num_beams (beam, token) pairs are drawn without replacement with probability proportional to the joint draft
    probability (Gumbel top-k; the num_beams best at temperature 0, i.e. beam search), and the best beam wins;
@@ -17,7 +18,7 @@ the target's own decoding.
 Likelihoods p and q are the models' distributions warped by temperature, top-k and top-p; at temperature 0 (greedy
 selection) they are taken at temperature 1, since the one-hot argmax distribution has no likelihood to compare.
 Beams that reach EOS stay in the beam with their score frozen (their continuation is EOS at log-probability 0), as
-do the beams of a row past its own gamma_b = min(gamma, room - 1).
+do the beams of a sequence past its own gamma_b = min(gamma, room - 1).
 """
 
 from __future__ import annotations
@@ -29,10 +30,10 @@ import torch
 from schemas.methods import MJSD
 from workers.cost import Meter
 from workers.methods.common import Context, MethodResult, PromptInput
-from workers.methods.speculative import decode_rows, finish
+from workers.methods.speculative import decode_batch, finish
 from workers.sampling import STREAM_TOKEN, Warp, sample, uniforms, warp_probs
 from workers.speculative import (
-    STREAM_BEAM, Side, SpecRows, Tally, commit_block, ragged_cat, room,
+    STREAM_BEAM, DecodeTally, Side, SpecBatch, commit_block, ragged_cat, room,
 )
 
 
@@ -61,19 +62,19 @@ def choose_beams(
 
 
 def beam_draft(
-    d: Side, rows: SpecRows, gam: torch.Tensor, num_beams: int, warp: Warp, seed: int, eos: torch.Tensor,
-    meter: Meter, tally: Tally, stride: int | None = None,
+    d: Side, batch: SpecBatch, gam: torch.Tensor, num_beams: int, warp: Warp, seed: int, eos: torch.Tensor,
+    meter: Meter, tally: DecodeTally, stride: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Beam-sample gamma_b tokens per row with the draft. Returns the chosen beam's tokens x [B, G] and the joint
+    """Beam-sample gamma_b tokens per sequence with the draft. Returns the chosen beam's tokens x [B, G] and the joint
     draft log-probabilities of its prefixes, log q(x_1..x_j) [B, G]. The draft side ends on the chosen beams
     (fed: backlog, pending, x_1..x_{G-1}). `stride`: the method's gamma (the most any iteration drafts), which keeps
     the random coordinates of different iterations apart (default: this call's G)."""
-    b, m = rows.size, num_beams
+    b, m = batch.size, num_beams
     g = int(gam.max())
     lik = likelihood_warp(warp)
-    pos0 = rows.length - 1 - rows.offset  # [B] response index of the pending token
-    seq, seq_len = d.backlog(rows.tokens, rows.length)
-    logits = d.extend_to(seq, seq_len, gam > 0, rows.group, meter, None)[:, -1]  # [B, V]
+    pos0 = batch.length - 1 - batch.offset  # [B] response index of the pending token
+    seq, seq_len = d.backlog(batch.tokens, batch.length)
+    logits = d.extend_to(seq, seq_len, gam > 0, batch.group, meter, None)[:, -1]  # [B, V]
     v = logits.shape[-1]
     fill = int(eos[0])
     cand_ids = torch.arange(m * v, device=logits.device)  # RNG coordinate of each (beam, token) pair
@@ -83,7 +84,7 @@ def beam_draft(
         unique to the iteration (the pending index grows every iteration), so no draw is reused by a later one."""
         if warp.greedy:
             return None
-        return uniforms(seed, rows.key[:, None], cand_ids[None, :], (pos0 * (stride or g) + step)[:, None],
+        return uniforms(seed, batch.key[:, None], cand_ids[None, :], (pos0 * (stride or g) + step)[:, None],
                         STREAM_BEAM)
 
     # step 1: only beam 0 is live
@@ -94,12 +95,12 @@ def beam_draft(
     tokens = (idx % v)[:, :, None]  # [B, M, 1]
     hist = score[:, :, None]  # [B, M, 1] log q of each beam's prefixes
     d.repeat(m)
-    grp = rows.group.repeat_interleave(m)
+    grp = batch.group.repeat_interleave(m)
     for i in range(1, g):
-        live = (gam > i).repeat_interleave(m)  # [B*M] rows still drafting
+        live = (gam > i).repeat_interleave(m)  # [B*M] sequences still drafting
         out = d.feed(tokens[:, :, -1].reshape(b * m, 1), live[:, None], grp, meter, None)[:, -1]
         logq = log_probs(out, lik).view(b, m, v)  # [B, M, V]
-        frozen = torch.isin(tokens[:, :, -1], eos) | ~(gam > i)[:, None]  # [B, M] ended beams and ended rows
+        frozen = torch.isin(tokens[:, :, -1], eos) | ~(gam > i)[:, None]  # [B, M] ended beams and ended sequences
         still = torch.full_like(logq, -math.inf)
         still[..., fill] = 0.0
         logq = torch.where(frozen[..., None], still, logq)
@@ -109,8 +110,9 @@ def beam_draft(
         tokens = torch.cat([tokens.gather(1, parent[..., None].expand(-1, -1, i)), (idx % v)[..., None]], -1)
         hist = torch.cat([hist.gather(1, parent[..., None].expand(-1, -1, i)), score[..., None]], -1)
         d.select((torch.arange(b, device=idx.device)[:, None] * m + parent).flatten())
-    # draft calls counted per row: the first forward (one row per prompt), then num_beams rows per further step
-    tally.add("draft_calls", rows.group, (gam > 0).long() + m * (gam - 1).clamp(min=0))
+    # draft calls counted per sequence: the first forward (one sequence per prompt), then num_beams sequences per
+    # further step
+    tally.add("draft_calls", batch.group, (gam > 0).long() + m * (gam - 1).clamp(min=0))
     best = score.argmax(-1)  # [B]
     ar = torch.arange(b, device=best.device)
     d.select(ar * m + best)
@@ -128,29 +130,29 @@ def mjsd_accept(logp_joint: torch.Tensor, logq_joint: torch.Tensor, eligible: to
 
 
 def step_mjsd(
-    target: torch.nn.Module, draft: torch.nn.Module, rows: SpecRows, gamma: int, num_beams: int, tau: float,
-    warp: Warp, seed: int, eos: torch.Tensor, meter: Meter, tally: Tally,
+    target: torch.nn.Module, draft: torch.nn.Module, batch: SpecBatch, gamma: int, num_beams: int, tau: float,
+    warp: Warp, seed: int, eos: torch.Tensor, meter: Meter, tally: DecodeTally,
 ) -> None:
-    """One MJSD iteration (Algorithm 1) for every open row."""
-    t, d = rows.sides(target, draft)
-    b = rows.size
-    dev = rows.pending.device
+    """One MJSD iteration (Algorithm 1) for every open sequence."""
+    t, d = batch.sides(target, draft)
+    b = batch.size
+    dev = batch.pending.device
     ar = torch.arange(b, device=dev)
-    room_ = room(rows, eos)
+    room_ = room(batch, eos)
     active = room_ > 0
     gam = (room_ - 1).clamp(0, gamma) * active  # [B]
     g = int(gam.max()) if b else 0
-    pos0 = rows.length - 1 - rows.offset
+    pos0 = batch.length - 1 - batch.offset
     lik = likelihood_warp(warp)
 
     if g > 0:
-        x, logq_joint = beam_draft(d, rows, gam, num_beams, warp, seed, eos, meter, tally, stride=gamma)  # [B, G] x2
+        x, logq_joint = beam_draft(d, batch, gam, num_beams, warp, seed, eos, meter, tally, stride=gamma)  # [B, G] x2
     else:
         x = torch.zeros(b, 0, dtype=torch.long, device=dev)
         logq_joint = torch.zeros(b, 0, device=dev)
-    back, back_len = t.backlog(rows.tokens, rows.length)
+    back, back_len = t.backlog(batch.tokens, batch.length)
     seq, seq_len = ragged_cat(back, back_len, x, gam)
-    logits = t.extend_to(seq, seq_len, active, rows.group, meter, tally, keep=g + 1)  # [B, G+1, V]
+    logits = t.extend_to(seq, seq_len, active, batch.group, meter, tally, keep=g + 1)  # [B, G+1, V]
     if logits is None:
         return
     cols = ((g - gam)[:, None] + torch.arange(g + 1, device=dev)[None, :]).clamp(max=g)
@@ -164,11 +166,11 @@ def step_mjsd(
     j_star = mjsd_accept(logp_joint, logq_joint, eligible, tau)  # [B]
 
     nxt_logits = logits[ar, j_star]  # [B, V] the target at position j + 1
-    u = uniforms(seed, rows.key, rows.cand, pos0 + 1 + j_star, STREAM_TOKEN)
+    u = uniforms(seed, batch.key, batch.cand, pos0 + 1 + j_star, STREAM_TOKEN)
     nxt = nxt_logits.argmax(-1) if warp.greedy else sample(warp_probs(nxt_logits, warp), u)
     block = torch.cat([x, x.new_zeros(b, 1)], 1)
     block[ar, j_star] = nxt
-    commit_block(rows, t, d, tally, block, j_star, active, gam, room_, eos)
+    commit_block(batch, t, d, tally, block, j_star, active, gam, room_, eos)
 
 
 @torch.inference_mode()
@@ -176,10 +178,10 @@ def run_mjsd(ctx: Context, prompts: list[PromptInput], gamma: int, num_beams: in
     if ctx.draft is None:
         raise ValueError("models.draft: required by method 'mjsd'")
 
-    def step(rows: SpecRows, tally: Tally, eos: torch.Tensor, kept) -> None:
-        step_mjsd(ctx.target, ctx.draft, rows, gamma, num_beams, tau, ctx.warp, ctx.seed, eos, ctx.meter, tally)
+    def step(batch: SpecBatch, tally: DecodeTally, eos: torch.Tensor, kept) -> None:
+        step_mjsd(ctx.target, ctx.draft, batch, gamma, num_beams, tau, ctx.warp, ctx.seed, eos, ctx.meter, tally)
 
-    out, tally = decode_rows(ctx, prompts, ctx.draft, step)
+    out, tally = decode_batch(ctx, prompts, ctx.draft, step)
     return finish(ctx, prompts, out, tally)
 
 

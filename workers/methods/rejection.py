@@ -14,9 +14,9 @@ candidates fall strictly below it when there are no ties; ties at the cut are ke
 candidate. The cut itself is the pure function `rejection_cut`. The answer is the finished candidate with the
 highest final reward (eq. 6).
 
-Best-of-N is the same pool with no decision tokens. Rejected rows leave the KV cache by row selection, so a
-round costs the scoring and nothing more. The driver, `run_pool`, loops over plain functions of a `Pool`:
-`harvest` (finished rows into their pools), `decide` (one rejection round) and `pool_results`.
+Best-of-N is the same pool with no decision tokens. Rejected sequences leave the KV cache by selection
+(`Batch.select`), so a round costs the scoring and nothing more. The driver, `run_pool`, loops over plain functions
+of a `Pool`: `harvest` (finished sequences into their pools), `decide` (one rejection round) and `pool_results`.
 """
 
 from __future__ import annotations
@@ -30,19 +30,19 @@ from typing import Sequence
 import torch
 
 from schemas.methods import BestOfN, SpeculativeRejection
-from workers.engine import Rows
+from workers.engine import Batch
 from workers.methods.common import Candidate, Context, MethodResult, PromptInput, best_of, reward_stats
 from workers.methods.samplers import pool_sampler
 from workers.rewards import Scored
 
-# Dead (finished) rows leave the cache once they are at least 1/COMPACT_FRACTION of the batch.
+# Dead (finished) sequences leave the cache once they are at least 1/COMPACT_FRACTION of the batch.
 COMPACT_FRACTION = 8
 
 
 class NoDecisions:
     """Best-of-N: never decide."""
 
-    def due(self, rows: Rows, sampler) -> bool:
+    def due(self, batch: Batch, sampler) -> bool:
         return False
 
     def rejected(self, count: int) -> None:
@@ -56,8 +56,8 @@ class FixedSchedule:
         self.k = k
         self.last = 0
 
-    def due(self, rows: Rows, sampler) -> bool:
-        length = int(rows.length.max())
+    def due(self, batch: Batch, sampler) -> bool:
+        length = int(batch.length.max())
         if length // self.k > self.last // self.k:
             self.last = length
             return True
@@ -68,9 +68,9 @@ class FixedSchedule:
 
 
 class MemorySchedule:
-    """A decision when the running rows' KV cache would grow past `budget_bytes` with the next step.
+    """A decision when the running sequences' KV cache would grow past `budget_bytes` with the next step.
 
-    The cache costs rows x columns x bytes-per-column (padding and holes included, since they are allocated).
+    The cache costs sequences x columns x bytes-per-column (padding and holes included, since they are allocated).
     After a round, decisions continue at each further step while the cache stays over the budget and the last round
     rejected someone; once a round can reject no one (alpha = 0, or pools too small to cut), the next decision
     waits until the cache has been back under the budget, so an uncuttable pool is not re-scored at every token.
@@ -80,8 +80,8 @@ class MemorySchedule:
         self.budget = budget_bytes
         self.armed = True
 
-    def due(self, rows: Rows, sampler) -> bool:
-        need = rows.size * (rows.kv_columns() + sampler.columns_per_step) * sampler.kv_bytes_per_column
+    def due(self, batch: Batch, sampler) -> bool:
+        need = batch.size * (batch.kv_columns() + sampler.columns_per_step) * sampler.kv_bytes_per_column
         if need <= self.budget:
             self.armed = True
             return False
@@ -156,12 +156,12 @@ def memory_budget_bytes(params: SpeculativeRejection, device: torch.device) -> i
 
 @dataclass
 class Pool:
-    """Every prompt's candidate pool while a batch decodes: the running rows are in `batch` (the sampler's), the
-    finished and rejected candidates in `pools`."""
+    """Every prompt's candidate pool while a batch decodes: the running sequences are in `batch` (the sampler's),
+    the finished and rejected candidates in `pools`."""
 
     prompts: list[PromptInput]
     sampler: object  # workers.engine.Engine or workers.speculative.SpeculativeEngine
-    batch: Rows
+    batch: Batch
     pools: list[list[Candidate | None]]  # [prompt][cand]; None while the candidate runs
     partials: dict[tuple[int, int], list[float]] = field(default_factory=lambda: defaultdict(list))  # (prompt, cand)
     decisions: dict[int, list[int]] = field(default_factory=lambda: defaultdict(list))  # prompt -> response lengths
@@ -179,7 +179,7 @@ def open_pool(prompts: list[PromptInput], n: int, sampler) -> Pool:
 
 
 def running_candidates(pool: Pool) -> tuple[list[tuple[int, int]], list[list[int]]]:
-    """(prompt, cand) and the tokens so far of each row of the batch, in row order."""
+    """(prompt, cand) and the tokens so far of each sequence of the batch, in batch order."""
     b = pool.batch
     keys = list(zip(b.group.tolist(), b.cand.tolist()))
     tokens = [t[:k] for t, k in zip(b.tokens.tolist(), b.length.tolist())]
@@ -187,7 +187,7 @@ def running_candidates(pool: Pool) -> tuple[list[tuple[int, int]], list[list[int
 
 
 def harvest(ctx: Context, pool: Pool) -> None:
-    """Move finished rows (EOS or length limit) into their pools; they leave the cache in bulk."""
+    """Move finished sequences (EOS or length limit) into their pools; they leave the cache in bulk."""
     b = pool.batch
     done = pool.sampler.done(b)
     if bool(done.any()):
@@ -212,7 +212,7 @@ def score_finished(ctx: Context, pool: Pool, extra: list[Scored] = ()) -> list[f
 
 def decide(ctx: Context, pool: Pool, alpha: float) -> int:
     """One rejection round: partial rewards of the running candidates, final rewards of those finished since the
-    last round, `rejection_cut` per prompt, and row selection. Returns the number of candidates rejected."""
+    last round, `rejection_cut` per prompt, and sequence selection. Returns the number of candidates rejected."""
     pool.batch.compact()
     live, tokens = running_candidates(pool)
     finished: dict[int, list[float]] = defaultdict(list)
@@ -220,14 +220,14 @@ def decide(ctx: Context, pool: Pool, alpha: float) -> int:
     for g, c in pool.unscored:
         finished[g].append(pool.pools[g][c].reward)
     pool.unscored.clear()
-    rows_of: dict[int, list[int]] = defaultdict(list)  # prompt -> its rows in the batch
+    seqs_of: dict[int, list[int]] = defaultdict(list)  # prompt -> its sequences' indices in the batch
     for i, ((g, c), s) in enumerate(zip(live, scores)):
         pool.partials[(g, c)].append(s)
-        rows_of[g].append(i)
+        seqs_of[g].append(i)
     keep: list[int] = []
-    for g, rows in rows_of.items():
-        pool.decisions[g].append(max(len(tokens[i]) for i in rows))
-        keep += [rows[k] for k in rejection_cut([scores[i] for i in rows], finished[g], alpha)]
+    for g, seqs in seqs_of.items():
+        pool.decisions[g].append(max(len(tokens[i]) for i in seqs))
+        keep += [seqs[k] for k in rejection_cut([scores[i] for i in seqs], finished[g], alpha)]
     keep.sort()
     kept = set(keep)
     for i, (g, c) in enumerate(live):

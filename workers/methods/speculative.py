@@ -15,7 +15,7 @@ from schemas.methods import SpeculativeDecoding
 from workers.methods.common import Candidate, Context, MethodResult, PromptInput
 from workers.methods.rejection import NoDecisions, run_pool
 from workers.methods.samplers import make_sampler
-from workers.speculative import SpecRows, Tally, open_rows
+from workers.speculative import DecodeTally, SpecBatch, open_batch
 
 
 def speculative_decoding(ctx: Context, params: SpeculativeDecoding, prompts: list[PromptInput]) -> list[MethodResult]:
@@ -31,51 +31,53 @@ def eos_tensor(ctx: Context) -> torch.Tensor:
     return torch.tensor(sorted(set(ctx.eos_ids)), dtype=torch.long, device=next(ctx.target.parameters()).device)
 
 
-def decode_rows(ctx: Context, prompts: list[PromptInput], draft, step: Callable) -> tuple[dict[int, list[int]], Tally]:
-    """One response per prompt: open rows on the target (and `draft`, when given), then call
-    `step(rows, tally, eos, kept)` until every row has finished. `kept` holds the indices of the rows the last
-    harvest kept (None when none finished), for state a method keeps outside `rows`."""
+def decode_batch(ctx: Context, prompts: list[PromptInput], draft, step: Callable
+                 ) -> tuple[dict[int, list[int]], DecodeTally]:
+    """One response per prompt: open a batch of one sequence per prompt on the target (and `draft`, when given),
+    then call `step(batch, tally, eos, kept)` until every sequence has finished. `kept` holds the indices of the
+    sequences the last harvest kept (None when none finished), for state a method keeps outside `batch`."""
     eos = eos_tensor(ctx)
-    tally = Tally(len(prompts))
-    rows = open_rows(ctx.target, draft, [p.ids for p in prompts], [p.key for p in prompts],
+    tally = DecodeTally(len(prompts))
+    batch = open_batch(ctx.target, draft, [p.ids for p in prompts], [p.key for p in prompts],
                      [p.limit for p in prompts], ctx.pad_id, ctx.meter, tally)
     out: dict[int, list[int]] = {}
     while True:
-        kept = harvest(rows, eos, out)
-        if rows.size == 0:
+        kept = harvest(batch, eos, out)
+        if batch.size == 0:
             return out, tally
-        step(rows, tally, eos, kept)
+        step(batch, tally, eos, kept)
 
 
-def harvest(rows: SpecRows, eos: torch.Tensor, out: dict[int, list[int]]) -> torch.Tensor | None:
-    """Record finished rows (EOS pending, or at their limit) by group and drop them from both caches.
+def harvest(batch: SpecBatch, eos: torch.Tensor, out: dict[int, list[int]]) -> torch.Tensor | None:
+    """Record finished sequences (EOS pending, or at their limit) by group and drop them from both caches.
 
-    Returns the indices of the rows kept (for per-row state held outside `rows`), or None when none left."""
-    done = rows.alive & (torch.isin(rows.pending, eos) | (rows.length >= rows.limit))
+    Returns the indices of the sequences kept (for per-sequence state held outside `batch`), or None when none
+    finished."""
+    done = batch.alive & (torch.isin(batch.pending, eos) | (batch.length >= batch.limit))
     if not bool(done.any()):
         return None
     for i in done.nonzero().flatten().tolist():
-        out[int(rows.group[i])] = rows.response(i)
-    rows.alive &= ~done
-    keep = rows.alive.nonzero().flatten()
-    rows.select(keep)
+        out[int(batch.group[i])] = batch.response(i)
+    batch.alive &= ~done
+    keep = batch.alive.nonzero().flatten()
+    batch.select(keep)
     return keep
 
 
-def score_rows(ctx: Context, prompts: list[PromptInput], rows: SpecRows, idx: torch.Tensor, ext: torch.Tensor,
+def score_sequences(ctx: Context, prompts: list[PromptInput], batch: SpecBatch, idx: torch.Tensor, ext: torch.Tensor,
                ext_len: torch.Tensor) -> torch.Tensor:
-    """Rewards [R] of each row idx[r]'s response followed by ext[r, :ext_len[r]] (float64)."""
+    """Rewards [R] of each sequence idx[r]'s response followed by ext[r, :ext_len[r]] (float64)."""
     items = []
     for r, i in enumerate(idx.tolist()):
-        g = int(rows.group[i])
-        items.append(ctx.scored(g, prompts[g], rows.response(i) + ext[r, : int(ext_len[r])].tolist()))
+        g = int(batch.group[i])
+        items.append(ctx.scored(g, prompts[g], batch.response(i) + ext[r, : int(ext_len[r])].tolist()))
     values = ctx.score(items)
     if any(v is None for v in values):
         raise ValueError("models.reward: required by this method, which steers decoding by reward")
     return torch.tensor(values, dtype=torch.float64, device=idx.device)
 
 
-def finish(ctx: Context, prompts: list[PromptInput], out: dict[int, list[int]], tally: Tally,
+def finish(ctx: Context, prompts: list[PromptInput], out: dict[int, list[int]], tally: DecodeTally,
            speculative: bool = True) -> list[MethodResult]:
     """One result per prompt from its response: scored when a reward is configured, with the tally's stats."""
     cands = [Candidate(out[g], ctx.finish_reason(out[g])) for g in range(len(prompts))]
