@@ -51,7 +51,7 @@ def resolve(spec: str) -> str:
     return str(builtin_path(spec)) if spec.startswith(BUILTIN) else spec
 
 
-def demo_rows(first: int = 0, count: int | None = None) -> list[dict]:
+def demo_prompts(first: int = 0, count: int | None = None) -> list[dict]:
     """Demo prompts `first` to `first + count` as the driver hands them to a worker: prompt_id, prompt (one user
     message) and concepts. For tests and benches that drive the workers without a job."""
     rows = []
@@ -63,4 +63,4 @@ def demo_rows(first: int = 0, count: int | None = None) -> list[dict]:
     return rows[first:] if count is None else rows[first : first + count]
 
 
-__all__ = ["ASSETS_DIR", "BUILTIN", "BUILTINS", "builtin_path", "demo_rows", "list_builtins", "resolve"]
+__all__ = ["ASSETS_DIR", "BUILTIN", "BUILTINS", "builtin_path", "demo_prompts", "list_builtins", "resolve"]

@@ -37,7 +37,7 @@ from dataclasses import replace
 
 import torch
 
-from assets import demo_rows
+from assets import demo_prompts
 from bench.common import table
 from pipeline.preflight import resolved
 from reporting.stats import improvement_score
@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
 
     hf_logging.set_verbosity_error()
     sections = set(args.sections.split(","))
-    bench = Bench(demo_rows(0, args.prompts), args.max_new_tokens, args.repeats)
+    bench = Bench(demo_prompts(0, args.prompts), args.max_new_tokens, args.repeats)
     report: dict = {"args": vars(args), "torch": torch.__version__}
     print(f"# Best-of-N / Speculative Rejection bench: {len(bench.prompts)} demo prompts, max_new_tokens "
           f"{args.max_new_tokens}, {args.threads} thread(s), best of {args.repeats}")

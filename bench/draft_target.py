@@ -27,7 +27,7 @@ import time
 
 import torch
 
-from assets import demo_rows
+from assets import demo_prompts
 from bench.common import table
 from pipeline.preflight import resolved
 from schemas.config import validate_config
@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     sections = set(args.sections.split(","))
-    bench = Bench(demo_rows(args.first, args.prompts), args.max_new_tokens, args.repeats)
+    bench = Bench(demo_prompts(args.first, args.prompts), args.max_new_tokens, args.repeats)
     report: dict = {"args": vars(args)}
     print(f"# Draft/target bench: {len(bench.prompts)} demo prompts from #{args.first}, max_new_tokens "
           f"{args.max_new_tokens}, {args.threads} thread(s), best of {args.repeats}")

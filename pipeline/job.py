@@ -248,5 +248,7 @@ def summary_table(t: Tally, config: JobConfig, new_rows: int, seconds: float) ->
         f"{config.cost.usd_per_device_hour:g}/device-hour"
         + (f"; {t.rows_without_cost} row(s) have no cost and are left out of these totals"
            if t.rows_without_cost else "")
+        + (f"; {t.reward_inputs_truncated} reward input(s) were longer than the reward model's context and were "
+           "scored on their last tokens (stats.reward_inputs_truncated)" if t.reward_inputs_truncated else "")
     )
     return "\n".join([head, rule, row, notes])

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 
 import fsspec
 import pyarrow as pa
-import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 from pydantic import ValidationError
 
@@ -189,6 +188,7 @@ class Tally:
     best_rewards: list[float] = field(default_factory=list)
     cost: dict = field(default_factory=lambda: {k: 0 for k in COST_FIELDS})
     rows_without_cost: int = 0  # rows whose cost (or a field of it) is null; left out of `cost`
+    reward_inputs_truncated: int = 0  # stats.reward_inputs_truncated summed over rows
 
     def mean_best_reward(self) -> float | None:
         return sum(self.best_rewards) / len(self.best_rewards) if self.best_rewards else None
@@ -231,25 +231,25 @@ def committed_data_files(fs, path: str) -> list[str]:
 
 
 def tally(folder: RunFolder) -> Tally:
-    """Count the committed rows of the folder: rows, errors, best rewards, summed cost."""
-    files = committed_files(folder)
+    """Count the committed rows of the folder: rows, errors, best rewards, summed cost, reward inputs cut."""
     t = Tally()
-    if not files:
-        return t
-    table = pads.dataset(files, filesystem=folder.fs, format="parquet").to_table(
-        columns=["prompt_id", "error", "best_reward", "cost"]
-    )
-    t.rows = table.num_rows
-    t.ids = table.column("prompt_id").to_pylist()
-    errors = table.column("error").to_pylist()
-    t.errors = sum(e is not None for e in errors)
-    t.best_rewards = [r for r, e in zip(table.column("best_reward").to_pylist(), errors) if r is not None and e is None]
-    for c in table.column("cost").to_pylist():
-        if c is None or any(c.get(k) is None for k in COST_FIELDS):
-            t.rows_without_cost += 1  # not summed as 0: the totals say how many rows they leave out
-            continue
-        for k in COST_FIELDS:
-            t.cost[k] += c[k]
+    for path in committed_files(folder):
+        with folder.fs.open(path, "rb") as f:  # file by file: files of older versions may lack newer stats fields
+            table = pq.read_table(f, columns=["prompt_id", "error", "best_reward", "cost", "stats"])
+        t.rows += table.num_rows
+        t.ids += table.column("prompt_id").to_pylist()
+        errors = table.column("error").to_pylist()
+        t.errors += sum(e is not None for e in errors)
+        t.best_rewards += [r for r, e in zip(table.column("best_reward").to_pylist(), errors)
+                           if r is not None and e is None]
+        for c in table.column("cost").to_pylist():
+            if c is None or any(c.get(k) is None for k in COST_FIELDS):
+                t.rows_without_cost += 1  # not summed as 0: the totals say how many rows they leave out
+                continue
+            for k in COST_FIELDS:
+                t.cost[k] += c[k]
+        for s in table.column("stats").to_pylist():
+            t.reward_inputs_truncated += (s or {}).get("reward_inputs_truncated") or 0  # null: no reward model
     return t
 
 

@@ -75,7 +75,8 @@ def finish_manifest(manifest: Manifest, folder: RunFolder, config: JobConfig, t:
     """Rewrite the manifest with the end time, the status and the folder's tallies (`t`)."""
     data = manifest.model_dump()
     data.update(status=status, finished_at=now(), rows=t.rows, errors=t.errors,
-                cost=t.cost_totals(config.cost.usd_per_device_hour), error=error)
+                cost=t.cost_totals(config.cost.usd_per_device_hour), error=error,
+                reward_inputs_truncated=t.reward_inputs_truncated)
     out = Manifest.model_validate(data)
     folder.write_manifest(out)
     return out

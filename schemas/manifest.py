@@ -40,3 +40,7 @@ class Manifest(BaseModel):
     rows: int = Field(0, description="rows in candidates/, errored ones included")
     errors: int = Field(0, description="rows whose `error` is not null")
     cost: CostTotals = Field(default_factory=CostTotals)
+    reward_inputs_truncated: int = Field(
+        0, description="reward inputs longer than the reward model's context, scored on their last tokens "
+        "(stats.reward_inputs_truncated summed over rows)"
+    )

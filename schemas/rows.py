@@ -66,6 +66,10 @@ STATS_FIELDS: dict[str, tuple[pa.DataType, str]] = {
     "hard_constraint": (pa.float64(), "1 if the best response covers every concept, else 0 (lexical tasks)"),
     "soft_constraint": (pa.float64(), "fraction of concepts the best response covers (lexical tasks)"),
     "state_counts": (pa.list_(pa.int64()), "CDSL: iterations in states S1, S2, S3, S4"),
+    "reward_inputs_truncated": (
+        pa.int64(), "reward inputs (prompt and response in the reward model's template) longer than the reward "
+        "model's context, scored on their last tokens, over every scoring round; null unless the reward is a model"
+    ),
     "memory_budget_bytes": (pa.int64(), "KV budget of the memory schedule in bytes, null for other schedules/methods"),
 }
 STATS = pa.struct([(name, t) for name, (t, _) in STATS_FIELDS.items()])

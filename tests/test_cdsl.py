@@ -247,10 +247,10 @@ def test_perplexity_is_the_targets_and_outside_the_cost():
 def test_perplexity_by_gather_and_logsumexp_is_the_log_softmax_one(elements, monkeypatch):
     """On the bundled trio: the chunked gather-then-logsumexp gives the log_softmax numbers over the whole sequence."""
     from tests.trio_helpers import demo_items, trio, trio_prompts
+    from workers import logprobs
     from workers.engine import left_pad, position_ids
-    from workers.methods import measures
 
-    monkeypatch.setattr(measures, "LOGSUMEXP_ELEMENTS", elements)
+    monkeypatch.setattr(logprobs, "LOGSUMEXP_ELEMENTS", elements)
     target = trio().target
     prompts = [p.ids for p in trio_prompts(demo_items(5))]
     gen = torch.Generator().manual_seed(0)

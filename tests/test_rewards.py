@@ -9,9 +9,9 @@ import types
 import pytest
 import torch
 
-from workers.cost import Meter
 from lexical import concept_coverage, covered
-from workers.rewards import LexicalReward, PythonReward, Scored, token_budget_batches
+from workers.cost import Meter
+from workers.rewards import LexicalScorer, PythonScorer, Scored, token_budget_batches
 
 
 def test_token_budget_batches_respect_the_budget():
@@ -35,7 +35,7 @@ def _item(text, concepts=None, group=0):
 
 
 def test_lexical_reward_scores_and_refuses_rows_without_concepts():
-    r = LexicalReward()
+    r = LexicalScorer()
     assert r([_item("a dog runs", ["dog", "run", "field"])], Meter(1)) == [pytest.approx(2 / 3)]
     with pytest.raises(ValueError, match="concepts"):
         r([_item("a dog")], Meter(1))
@@ -47,13 +47,13 @@ def test_python_reward_imports_and_checks_its_function():
     mod.short = lambda prompts, texts: [1.0]
     mod.nan = lambda prompts, texts: [float("nan")] * len(texts)
     sys.modules["winnow_test_reward"] = mod
-    assert PythonReward("winnow_test_reward:length")([_item("abc"), _item("hello")], Meter(1)) == [3.0, 5.0]
+    assert PythonScorer("winnow_test_reward:length")([_item("abc"), _item("hello")], Meter(1)) == [3.0, 5.0]
     with pytest.raises(RuntimeError, match="returned 1 values for 2"):
-        PythonReward("winnow_test_reward:short")([_item("a"), _item("b")], Meter(1))
+        PythonScorer("winnow_test_reward:short")([_item("a"), _item("b")], Meter(1))
     with pytest.raises(RuntimeError, match="non-finite"):
-        PythonReward("winnow_test_reward:nan")([_item("a")], Meter(1))
+        PythonScorer("winnow_test_reward:nan")([_item("a")], Meter(1))
     with pytest.raises(ValueError, match="models.reward.function"):
-        PythonReward("winnow_test_reward:missing")
+        PythonScorer("winnow_test_reward:missing")
 
 
 def test_model_reward_renders_with_its_own_template_and_batches():
@@ -80,6 +80,38 @@ def test_model_reward_renders_with_its_own_template_and_batches():
     meter2 = Meter(3)
     assert small(items, meter2) == pytest.approx(got, abs=1e-4)
     assert int(meter2.tokens["reward"].sum()) == int(meter.tokens["reward"].sum())
+
+
+def test_a_reward_input_longer_than_the_context_is_scored_on_its_end_and_counted():
+    """No silent cut: the input keeps its last max_len tokens (the response's end), and each cut is counted for its
+    prompt (stats.reward_inputs_truncated); inputs that fit are untouched."""
+    from tests.trio_helpers import config
+    from workers.runner import Runner
+
+    scorer = Runner(config()).reward
+    long_text = " ".join(["the dog runs in the field ."] * 12)
+    items = [_item("a cat sleeps .", group=0), _item(long_text, group=1), _item(long_text, group=1)]
+    lengths = [len(scorer.encode(it)) for it in items]
+    scorer.max_len = lengths[1] - 5  # shorter than the long inputs, longer than the short one
+    assert lengths[0] <= scorer.max_len
+    meter = Meter(2)
+    got = scorer(items, meter)
+    assert meter.reward_inputs_truncated.tolist() == [0, 2]
+    end = torch.tensor([scorer.encode(items[1])[-scorer.max_len:]])
+    with torch.inference_mode():
+        ref = scorer.model(input_ids=end).logits[0, 0].item()
+    assert got[1] == pytest.approx(ref, abs=1e-4) and got[2] == pytest.approx(ref, abs=1e-4)
+
+
+def test_rows_say_how_many_reward_inputs_were_cut_only_for_a_reward_model():
+    from tests.trio_helpers import config, demo_items
+    from workers.runner import Runner
+
+    model = Runner(config(method={"name": "best_of_n", "n": 2}, generation={"max_new_tokens": 8}))
+    lexical = Runner(config(method={"name": "best_of_n", "n": 2}, generation={"max_new_tokens": 8},
+                            models={"reward": {"kind": "lexical"}}))
+    assert [r["stats"]["reward_inputs_truncated"] for r in model.run(demo_items(2))] == [0, 0]
+    assert [r["stats"].get("reward_inputs_truncated") for r in lexical.run(demo_items(2))] == [None, None]
 
 
 def test_logprob_reward_is_the_mean_token_logprob():

@@ -108,6 +108,17 @@ def test_a_row_without_cost_is_left_out_of_the_totals_and_counted(tmp_path):
     assert cost.device_seconds == 1.0 and cost.target_tokens == 10 and cost.rows_without_cost == 1
 
 
+def test_the_tally_sums_the_reward_inputs_that_were_cut(tmp_path):
+    folder = RunFolder(str(tmp_path / "run"))
+    _write(folder, "w1_000000", ["a", "b", "e1"], committed=True)
+    data = Path(folder.path) / "candidates" / "w1_000000-0.parquet"
+    rows = pq.read_table(data).to_pylist()
+    rows[0]["stats"]["reward_inputs_truncated"] = 3
+    rows[1]["stats"]["reward_inputs_truncated"] = 1  # the error row's stays null
+    pq.write_table(rows_to_table(rows), data)
+    assert tally(folder).reward_inputs_truncated == 4
+
+
 def test_exactly_once_problems():
     assert exactly_once_problems(["a", "b"], ["b", "a"]) == []
     problems = exactly_once_problems(["a", "b", "c"], ["a", "a", "b", "z"])

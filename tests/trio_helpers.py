@@ -22,7 +22,7 @@ from workers.cost import Meter
 from workers.methods import get_method
 from workers.methods.common import Context, PoolSampler, PromptInput
 from workers.methods.measures import add_measures
-from workers.rewards import LexicalReward
+from workers.rewards import LexicalScorer
 from workers.runner import Runner
 from workers.sampling import Warp
 
@@ -59,7 +59,7 @@ def config(**over) -> JobConfig:
 
 def demo_items(limit: int | None = None) -> list[dict]:
     """The first `limit` demo prompts, as the input items a Runner takes (prompt_id, prompt, concepts)."""
-    return assets.demo_rows(0, limit)
+    return assets.demo_prompts(0, limit)
 
 
 def run_method(runner: Runner, items: list[dict]):
@@ -94,7 +94,7 @@ def trio_context(meter: Meter, generation: dict | None = None, seed: int = 0, re
     ctx = trio().context_for(meter)
     return replace(ctx, warp=Warp(g.temperature, g.top_k, g.top_p), seed=seed,
                    pool_sampler=PoolSampler(g.sampler, g.gamma),
-                   reward={"model": ctx.reward, "lexical": LexicalReward()}[reward])
+                   reward={"model": ctx.reward, "lexical": LexicalScorer()}[reward])
 
 
 def trio_prompts(items: list[dict], max_new_tokens: int | None = None) -> list[PromptInput]:

@@ -82,6 +82,12 @@ def _checkpoint_dtype(path: Path) -> torch.dtype | None:
     return getattr(torch, name, None) if isinstance(name, str) else None
 
 
+def context_length(model) -> int | None:
+    """The model's context in tokens (max_position_embeddings), or None when its config does not say."""
+    value = getattr(model.config.get_text_config(), "max_position_embeddings", None)
+    return int(value) if value else None
+
+
 @dataclass
 class Loaded:
     model: torch.nn.Module

@@ -4,7 +4,7 @@ Every scorer takes a list of `Scored` items (one response each, partial or finis
 item. The reward model usually has its own tokenizer and chat template, so a response is decoded to text with the
 target tokenizer, then rendered as prompt + assistant turn with the reward tokenizer's template and tokenised again.
 Model-based scoring is batched under a token budget (rows x padded length), shortest first; a causal reward model
-encodes the prompt its candidates share once (see ModelReward).
+encodes the prompt its candidates share once (see RewardModelScorer).
 """
 
 from __future__ import annotations
@@ -20,8 +20,10 @@ from typing import Callable
 import torch
 from transformers import DynamicCache
 
-from workers.cost import Meter
 from lexical import concept_coverage
+from workers.cost import Meter
+from workers.loading import context_length
+from workers.logprobs import response_logprobs
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +78,7 @@ def right_padded(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torc
     return ids, mask
 
 
-class ModelReward:
+class RewardModelScorer:
     """An AutoModelForSequenceClassification with num_labels = 1: the scalar logit is the reward.
 
     The candidates of one prompt share its rendered prompt, so with a causal reward model that takes a KV cache the
@@ -91,20 +93,28 @@ class ModelReward:
     def __init__(self, model, tokenizer, batch_tokens: int, meter_role: str = "reward"):
         self.model, self.tok, self.batch_tokens = model, tokenizer, batch_tokens
         self.device = next(model.parameters()).device
-        self.max_len = getattr(model.config, "max_position_embeddings", None) or 1 << 30
+        self.max_len = context_length(model)
+        if self.max_len is None:
+            log.warning("models.reward.path: the reward model's config has no max_position_embeddings, so reward "
+                        "inputs are not cut to a context length")
         self.role = meter_role
         self.pad = self.tok.pad_token_id
         self.shares_prefix = prefix_sharing_is_exact(model, self.pad)
         log.info("reward model %s the shared prompt prefix", "caches" if self.shares_prefix else "does not cache")
 
     def encode(self, item: Scored) -> list[int]:
+        """The item in the reward model's template as token ids, whole (it may be longer than the context)."""
         text = render(self.tok, item.prompt + [{"role": "assistant", "content": item.text}], False)
-        ids = self.tok(text, add_special_tokens=False)["input_ids"]
-        return ids[-self.max_len:]  # keep the response end when too long for the reward model
+        return self.tok(text, add_special_tokens=False)["input_ids"]
 
     @torch.inference_mode()
     def __call__(self, items: list[Scored], meter: Meter) -> list[float]:
         encoded = [self.encode(it) for it in items]
+        over = [i for i, ids in enumerate(encoded) if self.max_len is not None and len(ids) > self.max_len]
+        if over:  # keep the response's end, and count the cut per prompt (stats.reward_inputs_truncated)
+            for i in over:
+                encoded[i] = encoded[i][-self.max_len:]
+            meter.count_truncated(torch.tensor([items[i].group for i in over]))
         out = [0.0] * len(items)
         whole: list[int] = []
         by_group: dict[int, list[int]] = defaultdict(list)
@@ -169,30 +179,31 @@ def prefix_sharing_is_exact(model, pad_id: int | None) -> bool:
     return all(abs(a - b) <= tol * max(1.0, abs(b)) for a, b in zip(cached, whole))
 
 
-class LogprobReward:
-    """Mean token log-probability of the response under the target (temperature 1)."""
+class LogprobScorer:
+    """Mean token log-probability of the response under the target (temperature 1); -inf for an empty response.
+
+    Batched under a token budget; the log-probabilities come from `workers.logprobs` (no full-vocabulary
+    log-softmax)."""
 
     def __init__(self, model, pad_id: int, batch_tokens: int):
         self.model, self.pad_id, self.batch_tokens = model, pad_id, batch_tokens
-        self.device = next(model.parameters()).device
 
     @torch.inference_mode()
     def __call__(self, items: list[Scored], meter: Meter) -> list[float]:
-        seqs = [it.prompt_ids + it.response_ids for it in items]
-        out = [float("nan")] * len(items)
-        for batch in token_budget_batches([len(s) for s in seqs], self.batch_tokens):
-            ids, mask = right_padded([seqs[i] for i in batch], self.pad_id)
-            logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).logits
-            logp = torch.log_softmax(logits[:, :-1].float(), -1)  # [b, W-1, V] predicts ids[:, 1:]
-            tok_logp = logp.gather(-1, ids[:, 1:, None].to(self.device))[..., 0].cpu()  # [b, W-1]
-            for r, i in enumerate(batch):
-                p, n = len(items[i].prompt_ids), len(items[i].response_ids)
-                out[i] = float(tok_logp[r, p - 1 : p - 1 + n].mean()) if n else float("-inf")
-            meter.count_forward("reward", torch.tensor([items[i].group for i in batch]), mask.sum(-1))
+        out = [float("-inf")] * len(items)
+        todo = [i for i, it in enumerate(items) if it.response_ids]
+        lengths = [len(items[i].prompt_ids) + len(items[i].response_ids) for i in todo]
+        for batch in token_budget_batches(lengths, self.batch_tokens):
+            idx = [todo[b] for b in batch]
+            logps, real = response_logprobs(self.model, self.pad_id, [items[i].prompt_ids for i in idx],
+                                            [items[i].response_ids for i in idx])
+            for i, logp in zip(idx, logps):
+                out[i] = float(logp.double().mean())
+            meter.count_forward("reward", torch.tensor([items[i].group for i in idx]), real)
         return out
 
 
-class LexicalReward:
+class LexicalScorer:
     """Fraction of the row's concepts the response covers (paper 000's CommonGen reward)."""
 
     def __call__(self, items: list[Scored], meter: Meter) -> list[float]:
@@ -204,7 +215,7 @@ class LexicalReward:
         return out
 
 
-class PythonReward:
+class PythonScorer:
     """A user function `f(prompts, texts) -> list[float]` named as `module:function`."""
 
     def __init__(self, path: str):

@@ -17,11 +17,11 @@ import torch
 from schemas.config import JobConfig
 from schemas.rows import error_row, prompt_problem
 from workers.cost import Meter
-from workers.loading import load_causal_lm, load_reward_model, pick_device
+from workers.loading import context_length, load_causal_lm, load_reward_model, pick_device
 from workers.methods import get_method
 from workers.methods.measures import add_measures
 from workers.methods.common import Context, PoolSampler, PromptInput
-from workers.rewards import LexicalReward, LogprobReward, ModelReward, PythonReward, render
+from workers.rewards import LexicalScorer, LogprobScorer, PythonScorer, RewardModelScorer, render
 from workers.sampling import Warp, prompt_key
 
 log = logging.getLogger(__name__)
@@ -41,12 +41,6 @@ def eos_token_ids(model, tokenizer) -> list[int]:
     if not ids:
         raise ValueError("models.target: neither the tokenizer nor the generation config defines an EOS token")
     return sorted(ids)
-
-
-def context_length(model) -> int | None:
-    """The model's context in tokens (max_position_embeddings), or None when its config does not say."""
-    value = getattr(model.config.get_text_config(), "max_position_embeddings", None)
-    return int(value) if value else None
 
 
 class Runner:
@@ -80,12 +74,12 @@ class Runner:
         if r.kind == "model":
             m = self.config.models
             loaded = load_reward_model(r.path, "models.reward.path", self.device, m.dtype, m.trust_remote_code)
-            return ModelReward(loaded.model, loaded.tokenizer, r.batch_tokens)
+            return RewardModelScorer(loaded.model, loaded.tokenizer, r.batch_tokens)
         if r.kind == "logprob":
-            return LogprobReward(self.target, self.pad_id, r.batch_tokens)
+            return LogprobScorer(self.target, self.pad_id, r.batch_tokens)
         if r.kind == "lexical":
-            return LexicalReward()
-        return PythonReward(r.function)
+            return LexicalScorer()
+        return PythonScorer(r.function)
 
     def encode_prompt(self, messages: list[dict]) -> list[int]:
         """The prompt rendered with the target's chat template (generation prompt added), as token ids."""
@@ -142,7 +136,12 @@ class Runner:
             torch.cuda.synchronize(self.device)
         costs = meter.per_prompt(self.config.resources.gpus_per_worker or 1.0)  # the cost window closes here
         add_measures(ctx, prompts, results)  # quality measures, not billed
-        for (i, p), res, cost in zip(ready, results, costs):
+        truncated = meter.reward_inputs_truncated.tolist()
+
+        def reward_stats(g: int) -> dict:  # only a reward model has a context to cut its inputs to
+            return {"reward_inputs_truncated": truncated[g]} if isinstance(self.reward, RewardModelScorer) else {}
+
+        for g, ((i, p), res, cost) in enumerate(zip(ready, results, costs)):
             best = res.best_index
             cand = res.candidates[best] if best is not None else None
             out[i] = {
@@ -154,7 +153,7 @@ class Runner:
                 "best_text": cand.text if cand else None,
                 "best_reward": cand.reward if cand else None,
                 "cost": cost,
-                "stats": {"prompt_tokens": len(p.ids), **res.stats},
+                "stats": {"prompt_tokens": len(p.ids), **res.stats, **reward_stats(g)},
                 "error": None,
             }
         return out
