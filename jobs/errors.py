@@ -1,4 +1,5 @@
-"""Exit statuses of every `winnow` command (README: Commands): 0 success, 2 bad input, 1 failure at run time, 130 interrupted."""
+"""Exit statuses of every `winnow` command (README: Commands): 0 success, 2 bad input, 1 failure at run time,
+130 interrupted."""
 
 from __future__ import annotations
 

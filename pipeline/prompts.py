@@ -144,9 +144,12 @@ def read_source(source: Source):
         import datasets
 
         try:
-            hf = datasets.load_from_disk(source.paths[0], storage_options=None if source.local else source.fs.storage_options)
+            options = None if source.local else source.fs.storage_options
+            hf = datasets.load_from_disk(source.paths[0], storage_options=options)
         except (*READ_ERRORS, KeyError) as err:  # a missing or malformed state.json, dataset_info.json or arrow file
-            raise InputError(f"data.source: {source.spec}: not a readable datasets.save_to_disk folder: {err}") from None
+            raise InputError(
+                f"data.source: {source.spec}: not a readable datasets.save_to_disk folder: {err}"
+            ) from None
         if not isinstance(hf, datasets.Dataset):
             raise InputError(f"data.source: {source.spec}: expected one split (a datasets.Dataset)")
         return ray.data.from_arrow(hf.data.table)

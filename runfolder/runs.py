@@ -1,9 +1,10 @@
-"""Reading finished run folders for `winnow build-sft` and `winnow report`, local or remote, through one fsspec code path.
+"""Reading finished run folders for `winnow build-sft` and `winnow report`, local or remote, through one fsspec
+code path.
 
-A run folder (README: Run folder, resume and exactly once) is ``RUN/manifest.json`` plus ``RUN/candidates/*.parquet``; it may be a
-local path, ``s3://bucket/prefix`` or any fsspec URL (``memory://`` in tests). Parquet files are read as one
-dataset whatever their names (Ray Data picks its own). Output folders are written to a temporary sibling first and
-moved into place at the end, so a failure leaves no half-written ``--out``.
+A run folder (README: Run folder, resume and exactly once) is ``RUN/manifest.json`` plus
+``RUN/candidates/*.parquet``; it may be a local path, ``s3://bucket/prefix`` or any fsspec URL (``memory://`` in
+tests). Parquet files are read as one dataset whatever their names (Ray Data picks its own); with Ray Data's
+checkpoint present, only the files whose checkpoint is committed (`runfolder.folder.committed_data_files`).
 """
 
 from __future__ import annotations

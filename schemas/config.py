@@ -1,4 +1,5 @@
-"""The job config of the interface contract (README: Config reference): pydantic models, loading from YAML with ``--set`` overrides, and its hash."""
+"""The job config of the interface contract (README: Config reference): pydantic models, loading from YAML with
+``--set`` overrides, and its hash."""
 
 from __future__ import annotations
 

@@ -93,7 +93,8 @@ def table(model: type[BaseModel], prefix: str, skip: tuple[str, ...] = ()) -> li
 def render() -> str:
     out = [
         "Every key, its type, default and rule, generated from the pydantic models in `schemas/` by "
-        "`python -m schemas.reference`. Unknown keys are refused; `winnow validate CONFIG` lists every problem at once.",
+        "`python -m schemas.reference`. Unknown keys are refused; `winnow validate CONFIG` lists every problem at "
+        "once.",
         "",
         "### Top level",
         "",

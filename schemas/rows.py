@@ -103,7 +103,8 @@ COLUMN_MEANINGS: dict[str, str] = {
     "candidates[].text": "the response, decoded without special tokens",
     "candidates[].num_tokens": "tokens of the response under the target tokenizer",
     "candidates[].reward": "final reward; null for a rejected candidate or without a reward",
-    "candidates[].finish_reason": "`eos`, `length` (token limit) or `rejected` (stopped by a Speculative Rejection cut)",
+    "candidates[].finish_reason": "`eos`, `length` (token limit) or `rejected` (stopped by a Speculative Rejection "
+    "cut)",
     "candidates[].partial_rewards": "the candidate's reward at each decision token it was running at",
     "best_index": "index in `candidates` of the answer: the finished candidate with the highest final reward (the "
     "method's own answer for single-response methods); null when there is none",

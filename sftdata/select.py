@@ -3,9 +3,9 @@
 Terms (docs/glossary.md). A *candidate* is one response a method started for a prompt (a row's `candidates`). A
 *finished* candidate ended at EOS (finish_reason ``eos``) or at its token limit (``length``, called *truncated*
 here, since its text stops mid-way); a *rejected* one was stopped early by Speculative Rejection (its reward is
-null). By default only candidates that ended at EOS are kept. Candidates of one prompt_id are *pooled* across runs, so the best
-response across methods wins. The output is TRL's conversational prompt-completion form: ``prompt`` is the chat
-messages and ``completion`` is a list with one assistant message.
+null). By default only candidates that ended at EOS are kept. Candidates of one prompt_id are *pooled* across
+runs, so the best response across methods wins. The output is TRL's conversational prompt-completion form:
+``prompt`` is the chat messages and ``completion`` is a list with one assistant message.
 """
 
 from __future__ import annotations
