@@ -16,10 +16,9 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from schemas.base import InputError
 from runfolder.runs import Run, unique_labels
-
-MESSAGE = pa.struct([("role", pa.string()), ("content", pa.string())])
+from schemas.base import InputError
+from schemas.rows import MESSAGE
 SFT_SCHEMA = pa.schema(
     [
         ("prompt", pa.list_(MESSAGE)),
