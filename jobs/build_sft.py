@@ -9,9 +9,9 @@ import argparse
 import sys
 
 from jobs.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_RUNTIME, parse_args
-from schemas.base import InputError
 from runfolder.outputs import check_out
 from runfolder.runs import load_runs
+from schemas.base import InputError
 from sftdata.select import DROP_REASONS, Selection, parse_select, select
 from sftdata.write import write_sft
 

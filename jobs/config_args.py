@@ -6,8 +6,7 @@ import argparse
 import sys
 
 from jobs.errors import EXIT_BAD_INPUT
-from schemas.base import InputError
-from schemas.base import ConfigError
+from schemas.base import ConfigError, InputError
 from schemas.config import JobConfig, load_config
 
 

@@ -12,10 +12,10 @@ import argparse
 import sys
 
 from jobs.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_RUNTIME, parse_args
-from schemas.base import InputError
 from reporting.render import headline, order_runs, write_report
 from runfolder.outputs import check_out
 from runfolder.runs import folder_key, load_run, load_runs
+from schemas.base import InputError
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -12,9 +12,8 @@ import yaml
 
 from jobs import config_args
 from jobs.errors import EXIT_OK
-from schemas.base import InputError
 from pipeline.preflight import model_problems
-from schemas.base import ConfigError
+from schemas.base import ConfigError, InputError
 
 PROG = "winnow validate"
 

@@ -19,6 +19,7 @@ import pyarrow as pa
 from runfolder.runs import Run, unique_labels
 from schemas.base import InputError
 from schemas.rows import MESSAGE
+
 SFT_SCHEMA = pa.schema(
     [
         ("prompt", pa.list_(MESSAGE)),

@@ -19,8 +19,8 @@ from schemas.rows import error_row, prompt_problem
 from workers.cost import Meter
 from workers.loading import context_length, load_causal_lm, load_reward_model, pick_device
 from workers.methods import get_method
-from workers.methods.measures import add_measures
 from workers.methods.common import Context, PoolSampler, PromptInput
+from workers.methods.measures import add_measures
 from workers.rewards import LexicalScorer, LogprobScorer, PythonScorer, RewardModelScorer, render
 from workers.sampling import Warp, prompt_key
 

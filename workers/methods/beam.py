@@ -20,9 +20,9 @@ import torch
 from transformers import DynamicCache
 
 from schemas.methods import Beam
-from workers.methods.common import Candidate, Context, MethodResult, PromptInput
-from workers.speculative import Side, DecodeTally
 from workers.engine import left_pad
+from workers.methods.common import Candidate, Context, MethodResult, PromptInput
+from workers.speculative import DecodeTally, Side
 
 NEG = -1.0e9  # the score of an empty slot, as in transformers
 
