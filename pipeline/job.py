@@ -35,7 +35,15 @@ from ray.data.checkpoint import CheckpointConfig
 
 from pipeline.preflight import model_problems, resolved
 from pipeline.raydata import data_context, short_error
-from runfolder.folder import RunFolder, Tally, claim_problems, exactly_once_problems, pending_checkpoints, tally
+from runfolder.folder import (
+    RunFolder,
+    Tally,
+    claim_problems,
+    exactly_once_problems,
+    pending_checkpoints,
+    settle_checkpoints,
+    tally,
+)
 from runfolder.manifest import finish_manifest, new_manifest
 from schemas.base import InputError
 from schemas.config import JobConfig, validate_config
@@ -76,8 +84,10 @@ def check(config: JobConfig, overwrite: bool) -> Plan:
 
 def execute(plan: Plan, prompts: pa.Table | None, log: Callable[[str], None] = print) -> Outcome:
     """Step 3: write, run and check. `prompts` is the normalised prompt set, or None when the folder's own
-    prompts.parquet is reused. A KeyboardInterrupt or a failed batch ends with status interrupted/failed and the
-    manifest says so; rows written so far are kept for the next run."""
+    prompts.parquet is reused. Checkpoint commits that an earlier run left half done are settled first
+    (`runfolder.folder.settle_checkpoints`, logged), so Ray Data's recovery never deletes a committed data file. A
+    KeyboardInterrupt or a failed batch ends with status interrupted/failed and the manifest says so; rows written
+    so far are kept for the next run."""
     config, folder = plan.config, plan.folder
     if plan.mode == "overwrite":
         folder.clear()
@@ -86,6 +96,8 @@ def execute(plan: Plan, prompts: pa.Table | None, log: Callable[[str], None] = p
     folder.write_manifest(manifest)
     if prompts is not None:
         folder.write_prompts(prompts)
+    for line in settle_checkpoints(folder):  # before Ray Data's recovery: a half-done commit must lose nothing
+        log(f"checkpoint: {line}")
     written = tally(folder)
     before = written.rows
     done = not exactly_once_problems(expected, written.ids) and not pending_checkpoints(folder)

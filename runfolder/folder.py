@@ -9,6 +9,12 @@ Layout (local folder or any fsspec URL, e.g. s3://bucket/prefix):
 - ``_checkpoint/``: Ray Data's checkpoint of written prompt_ids (two-phase: ``*.pending.parquet`` before a data
   file is written, renamed to ``*.parquet`` once it is). A data file counts as written only when its checkpoint
   is committed; a resumed run deletes data files whose checkpoint is still pending, then skips committed ids.
+  `settle_checkpoints` runs first, so that a commit cut short on an object store never loses a committed file.
+- ``_checkpoint_orphans/``: only after a repair: committed checkpoints whose data files were gone, moved aside (see
+  `settle_checkpoints`) so that their prompts are generated again; kept as a record, never read.
+
+Listings are always read fresh from the store (`RunFolder.refresh`): s3fs caches directory listings per process, and
+a listing from before a run would hide the files the run wrote.
 """
 
 from __future__ import annotations
@@ -31,6 +37,17 @@ from schemas.manifest import CostTotals, Manifest
 from schemas.rows import COST_FIELDS
 
 PENDING = ".pending.parquet"
+ORPHANS = "_checkpoint_orphans"
+
+
+def refresh(fs, path: str) -> None:
+    """Forget what `fs` has cached about `path`, its parents and everything under it (s3fs caches listings)."""
+    fs.invalidate_cache(path)
+    cache = getattr(fs, "dircache", None)
+    if cache is not None:
+        inner = path.rstrip("/") + "/"
+        for key in [k for k in list(cache) if isinstance(k, str) and k.startswith(inner)]:
+            cache.pop(key, None)
 
 
 class RunFolder:
@@ -66,14 +83,23 @@ class RunFolder:
 
     # -- state ----------------------------------------------------------------------------------------------------
 
+    def refresh(self) -> None:
+        """Drop the filesystem's cached listings of the folder, so the next look reads the store itself."""
+        refresh(self.fs, self.path)
+
     def exists(self) -> bool:
+        self.refresh()
         return self.fs.exists(self.path)
 
     def entries(self) -> list[str]:
+        self.refresh()
         return self.fs.ls(self.path, detail=False) if self.fs.isdir(self.path) else []
 
     def read_manifest(self) -> Manifest | None:
+        """The folder's manifest, or None when it has no manifest.json; InputError when manifest.json is not a
+        Winnow manifest (the folder then holds something Winnow did not write, and --overwrite will not clear it)."""
         p = self.join("manifest.json")
+        self.refresh()
         if not self.fs.isfile(p):
             return None
         try:
@@ -81,8 +107,9 @@ class RunFolder:
                 return Manifest.model_validate(json.loads(f.read().decode("utf-8")))
         except (ValueError, UnicodeDecodeError, ValidationError) as err:
             raise InputError(
-                f"output.path: {self.uri}/manifest.json is not a Winnow manifest ({str(err).splitlines()[0]}); "
-                "pass --overwrite to replace the run, or choose another output.path"
+                f"output.path: {self.uri}/manifest.json is not a Winnow manifest ({str(err).splitlines()[0]}), so "
+                "the folder is not a Winnow run folder and is never cleared, even with --overwrite; choose another "
+                "output.path, or move the folder's files away yourself"
             ) from None
 
     def has_prompts(self) -> bool:
@@ -126,24 +153,26 @@ class RunFolder:
 def claim_problems(folder: RunFolder, config: JobConfig, overwrite: bool) -> tuple[list[str], str]:
     """Whether this config may run into `folder`: (problems, mode) with mode "new", "resume" or "overwrite".
 
-    A folder holding another config's run (a different hash in its manifest) is refused unless `overwrite`. A
-    non-empty folder without a manifest is not a run folder and is refused even with `overwrite`: clearing it could
-    delete files that Winnow did not write.
+    A folder holding another config's run (a different hash in its manifest) is refused unless `overwrite`. Only a
+    Winnow run folder (its manifest.json parses as `schemas.manifest.Manifest`) is ever cleared: a non-empty folder
+    without a manifest.json, or whose manifest.json is anything else, is refused even with `overwrite`, since
+    clearing it could delete files that Winnow did not write.
     """
     where = f"output.path: {folder.uri}"
     try:
+        folder.refresh()
         if folder.fs.isfile(folder.path):
             return [f"{where} is a file; expected a folder"], "new"
         entries = folder.entries()
         if not entries:
             return [], "new"
-        manifest = folder.read_manifest() if not overwrite else None
+        manifest = folder.read_manifest()  # InputError when manifest.json is not a Winnow manifest, overwrite or not
     except InputError as err:
         return err.problems, "new"
     except OSError as err:
         return [f"{where}: cannot be read ({err})"], "new"
     if overwrite:
-        if not folder.fs.isfile(folder.join("manifest.json")):
+        if manifest is None:
             return [
                 f"{where} is not empty and holds no manifest.json, so it is not a Winnow run folder; refusing to "
                 "clear it even with --overwrite; empty it yourself or choose another output.path"
@@ -200,11 +229,12 @@ class Tally:
 
 
 def pending_checkpoints(folder: RunFolder) -> list[str]:
-    """Checkpoints of writes that a crash cut short (their data files are deleted by the next run)."""
+    """Checkpoints of writes that a crash cut short (their data files are deleted by the next run). Read fresh."""
     ckpt = folder.join("_checkpoint")
+    refresh(folder.fs, ckpt)
     if not folder.fs.isdir(ckpt):
         return []
-    return [p for p in folder.fs.ls(ckpt, detail=False) if p.endswith(PENDING)]
+    return sorted(p for p in folder.fs.ls(ckpt, detail=False) if p.endswith(PENDING))
 
 
 def committed_files(folder: RunFolder) -> list[str]:
@@ -212,9 +242,16 @@ def committed_files(folder: RunFolder) -> list[str]:
     return committed_data_files(folder.fs, folder.path)
 
 
+def _is_data_file_of(name: str, base: str) -> bool:
+    """Whether data file `name` was written by the write task whose checkpoint is named `base` (Ray Data names a
+    task's files ``<base>.parquet`` or ``<base>-<i>.parquet``)."""
+    return name.endswith(".parquet") and (name.startswith(base + "-") or name == base + ".parquet")
+
+
 def committed_data_files(fs, path: str) -> list[str]:
-    """committed_files for a run folder given as a filesystem and a path."""
+    """committed_files for a run folder given as a filesystem and a path (listings read fresh from the store)."""
     ckpt, data = posixpath.join(path, "_checkpoint"), posixpath.join(path, "candidates")
+    refresh(fs, path)
     if not fs.isdir(data) or not fs.isdir(ckpt):
         return []
     bases = [
@@ -225,9 +262,66 @@ def committed_data_files(fs, path: str) -> list[str]:
     out = []
     for p in sorted(fs.find(data)):
         name = posixpath.basename(p)
-        if name.endswith(".parquet") and any(name.startswith(b + "-") or name == b + ".parquet" for b in bases):
+        if any(_is_data_file_of(name, b) for b in bases):
             out.append(p)
     return out
+
+
+def settle_checkpoints(folder: RunFolder) -> list[str]:
+    """Finish or undo the checkpoint commits that an earlier run left half done, before Ray Data's recovery sees
+    them; returns one line per file touched (for the log). No data file is ever deleted here.
+
+    Ray Data (2.60, `ray.data.checkpoint`) commits each write task in three steps, and at the start of the next
+    run (`CheckpointManager.load_checkpoint` -> `_clean_pending_checkpoints_task`) it deletes every data file whose
+    name starts with the base name of a ``*.pending.parquet`` checkpoint, then the pending checkpoints themselves,
+    whether or not a committed twin exists; only then does it read the committed checkpoints and skip their ids.
+    Where a run can be cut, and what happens next:
+
+    1. Pending checkpoint written, data file not yet (or partly) written: only ``<base>.pending.parquet``. Ray's
+       recovery deletes the partial data file and the pending checkpoint; the prompts are generated again. Left
+       to Ray.
+    2. Data file written, checkpoint not yet renamed: the same state, the same outcome (the whole data file is
+       deleted and its prompts generated again; wasted work, nothing lost). Left to Ray.
+    3. The rename ``<base>.pending.parquet`` -> ``<base>.parquet``: atomic on a local disk, but on S3 (and other
+       object stores) a copy then a delete. Cut between the two, both files exist. Ray's recovery would delete the
+       data file (the pending twin matches it) while the committed checkpoint still skips its prompt_ids: those
+       prompts would be lost. The commit did complete (the copy is whole: S3 copies are atomic), so here the stale
+       pending file alone is removed and the data file is kept: **fixed here**.
+    4. Committed checkpoint alone: written. Nothing to do.
+    5. Ray's own recovery cut between deleting the data files and deleting the pending checkpoints: a pending
+       checkpoint without data files; the next recovery deletes it. Left to Ray.
+
+    And one repair, for a folder that an earlier Winnow (without step 3's fix) already damaged: a committed
+    checkpoint with no data file of its own records prompts that are in no file and that would be skipped
+    forever. It is moved aside to ``_checkpoint_orphans/`` (kept, never read), so those prompts are generated
+    again. No write task commits without a data file (Ray writes a checkpoint only for a non-empty block, and the
+    block's file before committing), and nothing is writing while this runs (it runs before the pipeline).
+    """
+    fs = folder.fs
+    ckpt, data = folder.join("_checkpoint"), folder.join("candidates")
+    refresh(fs, folder.path)
+    if not fs.isdir(ckpt):
+        return []
+    names = {posixpath.basename(p) for p in fs.ls(ckpt, detail=False)}
+    lines = []
+    for name in sorted(n for n in names if n.endswith(PENDING)):
+        twin = name[: -len(PENDING)] + ".parquet"
+        if twin in names:
+            fs.rm(posixpath.join(ckpt, name))
+            names.discard(name)
+            lines.append(f"_checkpoint/{twin} is committed but its pending copy {name} was left behind (a commit "
+                         "cut between its copy and its delete); removed the stale pending file, kept the data file")
+    data_names = [posixpath.basename(p) for p in fs.find(data)] if fs.isdir(data) else []
+    for name in sorted(n for n in names if n.endswith(".parquet") and not n.endswith(PENDING)):
+        base = name[: -len(".parquet")]
+        if not any(_is_data_file_of(d, base) for d in data_names):
+            fs.makedirs(folder.join(ORPHANS), exist_ok=True)
+            fs.mv(posixpath.join(ckpt, name), folder.join(ORPHANS, name))
+            lines.append(f"_checkpoint/{name} is committed but its data file is gone (deleted by an earlier run's "
+                         f"recovery); moved it to {ORPHANS}/ so that its prompts are generated again")
+    if lines:
+        refresh(fs, folder.path)
+    return lines
 
 
 def tally(folder: RunFolder) -> Tally:

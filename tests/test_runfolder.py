@@ -8,6 +8,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from conftest import job_config
+from conftest_runs import s3_endpoint  # noqa: F401 (fixture)
 from runfolder.folder import (
     RunFolder,
     changed_keys,
@@ -15,6 +16,7 @@ from runfolder.folder import (
     committed_files,
     exactly_once_problems,
     pending_checkpoints,
+    settle_checkpoints,
     tally,
 )
 from runfolder.manifest import finish_manifest, new_manifest
@@ -143,3 +145,83 @@ def test_manifest_lifecycle(tmp_path):
     assert (done["status"], done["rows"], done["errors"], done["error"]) == ("failed", 2, 1, "boom")
     assert done["cost"]["usd"] == 1.0 / 3600 * cfg.cost.usd_per_device_hour
     assert [p.name for p in (tmp_path / "run").iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_overwrite_clears_only_a_folder_whose_manifest_is_a_winnow_manifest(tmp_path):
+    cfg = config(tmp_path)
+    folder = RunFolder(cfg.output.path)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "notes.txt").write_text("mine")
+    for text in ("{not json", json.dumps({"name": "someone else's tool", "version": 3}), "[]"):
+        (run / "manifest.json").write_text(text)
+        for overwrite in (False, True):
+            problems, _ = claim_problems(folder, cfg, overwrite=overwrite)
+            assert len(problems) == 1, problems
+            assert f"{folder.uri}/manifest.json is not a Winnow manifest" in problems[0]
+            assert "even with --overwrite" in problems[0]
+            assert "pass --overwrite" not in problems[0]  # never recommended for a folder Winnow did not write
+    assert (run / "notes.txt").read_text() == "mine"
+    folder.write_manifest(new_manifest(config(tmp_path, seed=7), prompts=1))  # a Winnow run of another config
+    assert claim_problems(folder, cfg, overwrite=True) == ([], "overwrite")
+    problems, _ = claim_problems(folder, cfg, overwrite=False)
+    assert "pass --overwrite to replace it" in problems[0]
+
+
+def _names(folder: RunFolder, sub: str) -> list[str]:
+    d = Path(folder.path) / sub
+    return sorted(p.name for p in d.iterdir()) if d.is_dir() else []
+
+
+def test_settle_keeps_the_data_of_a_commit_cut_between_its_copy_and_its_delete(tmp_path):
+    """On S3 the checkpoint's rename is a copy then a delete; cut between them, both names exist. The commit
+    completed: the stale pending file goes, the data file stays, and the folder counts the rows once."""
+    folder = RunFolder(str(tmp_path / "run"))
+    _write(folder, "w1_000000", ["a", "b"], committed=True)
+    _write(folder, "w1_000001", ["c"], committed=True)
+    _write(folder, "w1_000002", ["d"], committed=False)  # a genuinely pending write: left to Ray Data
+    ckpt = Path(folder.path) / "_checkpoint"
+    (ckpt / "w1_000001.pending.parquet").write_bytes((ckpt / "w1_000001.parquet").read_bytes())
+    assert len(pending_checkpoints(folder)) == 2
+
+    lines = settle_checkpoints(folder)
+    assert len(lines) == 1 and "w1_000001.pending.parquet" in lines[0] and "kept the data file" in lines[0]
+    assert _names(folder, "_checkpoint") == ["w1_000000.parquet", "w1_000001.parquet", "w1_000002.pending.parquet"]
+    assert _names(folder, "candidates") == ["w1_000000-0.parquet", "w1_000001-0.parquet", "w1_000002-0.parquet"]
+    assert [p.rsplit("/", 1)[1] for p in pending_checkpoints(folder)] == ["w1_000002.pending.parquet"]
+    assert sorted(tally(folder).ids) == ["a", "b", "c"]
+    assert settle_checkpoints(folder) == []  # settled: a second pass touches nothing
+
+
+def test_settle_moves_aside_a_committed_checkpoint_whose_data_is_gone(tmp_path):
+    """A folder damaged before the fix: the committed checkpoint's data file was deleted by Ray Data's recovery, so
+    its prompts would be skipped forever. The checkpoint is moved aside (kept) so they are generated again."""
+    folder = RunFolder(str(tmp_path / "run"))
+    _write(folder, "w1_000000", ["a", "b"], committed=True)
+    _write(folder, "w1_000001", ["c"], committed=True)
+    (Path(folder.path) / "candidates" / "w1_000001-0.parquet").unlink()
+    lines = settle_checkpoints(folder)
+    assert len(lines) == 1 and "w1_000001.parquet" in lines[0] and "generated again" in lines[0]
+    assert _names(folder, "_checkpoint") == ["w1_000000.parquet"]
+    assert _names(folder, "_checkpoint_orphans") == ["w1_000001.parquet"]
+    assert _names(folder, "candidates") == ["w1_000000-0.parquet"]
+    assert settle_checkpoints(folder) == []
+
+
+def test_listings_are_read_fresh_from_the_store(s3_endpoint):  # noqa: F811 (fixture)
+    """s3fs caches listings per process; the tally after a run must see the files the run wrote (here: another
+    client, as Ray's write tasks are), not the listing cached before it."""
+    import s3fs
+
+    folder = RunFolder("s3://winnow-test/runs/fresh")
+    writer = s3fs.S3FileSystem(skip_instance_cache=True)
+    writer.pipe("winnow-test/runs/fresh/manifest.json", b"{}")
+    writer.pipe("winnow-test/runs/fresh/_checkpoint/w1_000000.parquet", b"x")
+    writer.pipe("winnow-test/runs/fresh/candidates/w1_000000-0.parquet", b"x")
+    assert len(committed_files(folder)) == 1 and pending_checkpoints(folder) == []  # listings now cached
+    folder.fs.ls(folder.join("_checkpoint")), folder.fs.ls(folder.join("candidates"))
+    writer.pipe("winnow-test/runs/fresh/_checkpoint/w1_000001.parquet", b"x")
+    writer.pipe("winnow-test/runs/fresh/candidates/w1_000001-0.parquet", b"x")
+    writer.pipe("winnow-test/runs/fresh/_checkpoint/w1_000002.pending.parquet", b"x")
+    assert [p.rsplit("/", 1)[1] for p in committed_files(folder)] == ["w1_000000-0.parquet", "w1_000001-0.parquet"]
+    assert [p.rsplit("/", 1)[1] for p in pending_checkpoints(folder)] == ["w1_000002.pending.parquet"]
