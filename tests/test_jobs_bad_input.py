@@ -110,10 +110,27 @@ def test_missing_or_mistyped_columns(ray_session, tmp_path, capsys, data, reward
 
 
 def test_bad_data_with_overwrite_leaves_the_old_run_alone(ray_session, tmp_path, capsys):
+    from runfolder.folder import RunFolder
+    from runfolder.manifest import new_manifest
+    from schemas.config import validate_config
+
     old = tmp_path / "run"
-    old.mkdir()
-    (old / "manifest.json").write_text("{}")
+    RunFolder(str(old)).write_manifest(new_manifest(validate_config(job_config(tmp_path, seed=9)), prompts=4))
+    before = (old / "manifest.json").read_text()
     cfg = job_config(tmp_path, data={"source": str(tmp_path / "absent.jsonl")})
     status, err = run(tmp_path, capsys, cfg, extra=["--overwrite"])
     assert status == 2 and "data.source" in err
-    assert [p.name for p in old.iterdir()] == ["manifest.json"]
+    assert [p.name for p in old.iterdir()] == ["manifest.json"] and (old / "manifest.json").read_text() == before
+
+
+def test_overwrite_refuses_a_folder_whose_manifest_is_not_winnows(tmp_path, capsys):
+    old = tmp_path / "run"
+    old.mkdir()
+    (old / "manifest.json").write_text("{}")  # some other tool's manifest
+    (old / "results.csv").write_text("precious")
+    status, err = run(tmp_path, capsys, job_config(tmp_path), extra=["--overwrite"])
+    assert status == 2, err
+    assert f"output.path: {old}/manifest.json is not a Winnow manifest" in err and "even with --overwrite" in err
+    assert "pass --overwrite" not in err
+    assert sorted(p.name for p in old.iterdir()) == ["manifest.json", "results.csv"]
+    assert (old / "results.csv").read_text() == "precious" and (old / "manifest.json").read_text() == "{}"
