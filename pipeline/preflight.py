@@ -1,6 +1,7 @@
 """A job's models, checked and resolved on the driver before Ray starts an actor.
 
-`model_problems` reports every problem at once, each naming its field. `resolved` turns the config's `builtin:`
+`model_problems` reports every problem at once, each naming its field: weights, tokenizer and the head each model's
+role needs, read from its files before any model loads. `resolved` turns the config's `builtin:`
 names into the bundled folders' paths (`assets.resolve`, the one resolver of those names), so the workers receive
 plain locations. A model is a folder in Hugging Face format (it holds ``config.json``): a local folder, an s3:// (or
 other fsspec) prefix, or ``builtin:NAME``; the folder check itself is `workers.checkpoints.model_folder_problem`,
@@ -13,7 +14,7 @@ import importlib
 
 import assets
 from schemas.config import JobConfig
-from workers.checkpoints import model_folder_problem
+from workers.checkpoints import CAUSAL_LM, REWARD, model_folder_problems
 
 
 def model_fields(config: JobConfig) -> list[tuple[str, str]]:
@@ -27,13 +28,17 @@ def model_fields(config: JobConfig) -> list[tuple[str, str]]:
     return out
 
 
-def model_problem(spec: str, field: str) -> str | None:
-    """Why `spec` (as written in the config) is not a model folder, or None."""
+ROLES = {"models.target": CAUSAL_LM, "models.draft": CAUSAL_LM, "models.reward.path": REWARD}
+
+
+def model_spec_problems(spec: str, field: str) -> list[str]:
+    """Every reason `spec` (as written in the config) is not a model folder for `field`'s role (a causal language
+    model for models.target and models.draft, a one-label sequence classifier for models.reward.path)."""
     try:
         location = assets.resolve(spec)
     except KeyError as err:
-        return f"{field}: {err.args[0]}"
-    return model_folder_problem(location, field, shown=spec)
+        return [f"{field}: {err.args[0]}"]
+    return model_folder_problems(location, field, shown=spec, role=ROLES.get(field))
 
 
 def python_reward_problem(function: str) -> str | None:
@@ -49,7 +54,7 @@ def python_reward_problem(function: str) -> str | None:
 
 
 def model_problems(config: JobConfig) -> list[str]:
-    problems = [p for field, spec in model_fields(config) if (p := model_problem(spec, field))]
+    problems = [p for field, spec in model_fields(config) for p in model_spec_problems(spec, field)]
     reward = config.models.reward
     if reward is not None and reward.kind == "python":
         problem = python_reward_problem(reward.function)
