@@ -126,6 +126,68 @@ def resolve_source(spec: str) -> Source:
 READ_ERRORS = (OSError, ValueError, EOFError, pa.ArrowException)
 
 
+def first_bad_file(source: Source) -> str | None:
+    """Which file of `source` its reader cannot parse, and where, read on the driver once a read has failed: for
+    JSON, the first line of a JSON-lines file that is not valid JSON (by its 1-based line number; a file that is one
+    JSON document is parsed whole); for Parquet, the first file whose footer or row groups cannot be read. None when
+    every file reads (or for CSV and datasets folders, which are not checked here)."""
+    import pyarrow.parquet as pq
+
+    for path in source.paths:
+        try:
+            if source.kind == "json":
+                problem = _json_problem(source.fs, path)
+            elif source.kind == "parquet":
+                with source.fs.open(path, "rb") as f:
+                    pq.ParquetFile(f).read()
+                problem = None
+            else:
+                return None
+        except READ_ERRORS as err:
+            problem = f"not a readable {source.kind} file ({type(err).__name__}: {str(err).splitlines()[0]})"
+        if problem:
+            return f"{path}: {problem}"
+    return None
+
+
+def _json_problem(fs, path: str) -> str | None:
+    """Why a .json/.jsonl file does not parse: its first bad line (JSON lines), or the document's error."""
+    with fs.open(path, "rb") as f:
+        data = f.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data[: err.start].count(b"\n") + 1
+        return f"line {line} is not UTF-8 text ({err.reason} at byte {err.start})"
+    if text.lstrip().startswith("["):  # one JSON document (an array of rows): its own error position
+        try:
+            json.loads(text)
+            return None
+        except ValueError as err:
+            return f"not valid JSON ({err})"
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as err:
+            return f"line {number} is not valid JSON ({getattr(err, 'msg', err)}, column {getattr(err, 'colno', '?')})"
+        if not isinstance(row, dict):
+            return f"line {number} is a JSON {type(row).__name__}; expected an object (one row per line)"
+    return None
+
+
+def unreadable(source: Source, err: BaseException) -> InputError:
+    """The InputError for a source whose reader failed: the file (and line) at fault when the driver can find it,
+    else the reader's own error."""
+    raise_if_not_input(err)
+    located = first_bad_file(source)
+    if located is not None:
+        shown = located if located.startswith(source.spec) else f"{source.spec}: {located}"
+        return InputError(f"data.source: {shown}")
+    return InputError(f"data.source: {source.spec}: cannot be read: {short_error(err)}")
+
+
 def raise_if_not_input(err: BaseException) -> None:
     """Re-raise Ray's own failures (a dead worker or node, a lost object, a timeout) that happen to subclass one of
     READ_ERRORS (TimeoutError is an OSError): they say nothing about the source."""
@@ -309,12 +371,11 @@ def load_prompts(config: JobConfig) -> pa.Table:
 
     # preserve_order: "the first N rows" and "the first occurrence" follow the source's order.
     with data_context(preserve_order=True):
-        ds = read_source(source)
         try:
+            ds = read_source(source)  # Parquet footers are read here, on the driver
             schema = ds.schema(fetch_if_missing=True)
         except READ_ERRORS as err:  # the reader's own error (ArrowInvalid, JSONDecodeError...), re-raised by Ray
-            raise_if_not_input(err)
-            raise InputError(f"data.source: {source.spec}: cannot be read: {short_error(err)}") from None
+            raise unreadable(source, err) from None
         if schema is None:
             raise InputError(f"data.source: {source.spec}: holds no rows")
         arrow_schema = schema.base_schema if hasattr(schema, "base_schema") else schema
@@ -334,8 +395,7 @@ def load_prompts(config: JobConfig) -> pa.Table:
         try:
             parts = [b for b in ds.iter_batches(batch_format="pyarrow", batch_size=None)]
         except READ_ERRORS as err:
-            raise_if_not_input(err)
-            raise InputError(f"data.source: {source.spec}: cannot be read: {short_error(err)}") from None
+            raise unreadable(source, err) from None
     table = pa.concat_tables(parts).cast(INPUT_SCHEMA) if parts else INPUT_SCHEMA.empty_table()
     if table.num_rows == 0:
         raise InputError(f"data.source: {source.spec}: holds no rows")

@@ -225,8 +225,51 @@ def test_missing_columns_are_reported_together(ray_session, tmp_path):
 def test_malformed_json_is_a_clean_error(ray_session, tmp_path):
     src = tmp_path / "bad.jsonl"
     src.write_text('{"prompt": "a"}\n{"prompt": \n')
-    with pytest.raises(InputError, match=f"data.source: {src}: cannot be read: "):
+    with pytest.raises(InputError, match=f"data.source: {src}: line 2 is not valid JSON"):
         load_prompts(config_for(tmp_path, src))
+
+
+def test_a_malformed_jsonl_line_is_named_by_file_and_line(ray_session, tmp_path):
+    """Ray's JSON reader reports a position in its own buffer; the driver finds the file's first bad line."""
+    folder = tmp_path / "prompts"
+    folder.mkdir()
+    write_jsonl(folder / "a.jsonl", ROWS[:3])
+    (folder / "b.jsonl").write_text('{"id": "b1", "prompt": "x"}\n\n{"id": "b2", "prompt": "y"}\n'
+                                    '{"id": "b3", "prompt": ]\n{"id": "b4", "prompt": "z"}\n')
+    with pytest.raises(InputError) as err:
+        load_prompts(config_for(tmp_path, folder))
+    assert err.value.problems == [f"data.source: {folder / 'b.jsonl'}: line 4 is not valid JSON "
+                                  "(Expecting value, column 24)"]
+
+
+def test_a_truncated_parquet_source_is_bad_input_naming_the_file(ray_session, tmp_path):
+    folder = tmp_path / "prompts"
+    folder.mkdir()
+    pq.write_table(pa.Table.from_pylist(ROWS[:3]), folder / "part-0.parquet")
+    pq.write_table(pa.Table.from_pylist(ROWS[3:]), folder / "part-1.parquet")
+    whole = (folder / "part-1.parquet").read_bytes()
+    (folder / "part-1.parquet").write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(InputError) as err:
+        load_prompts(config_for(tmp_path, folder))
+    [problem] = err.value.problems
+    assert problem.startswith(f"data.source: {folder / 'part-1.parquet'}: not a readable parquet file (")
+
+
+@pytest.mark.parametrize("text, problem", [
+    ('{"a": 1}\n{"a": 2}\n', None),
+    ('[{"a": 1},\n {"a": 2}]\n', None),  # one JSON document
+    ('{"a": 1}\n\n\n{"a": \n', "line 4 is not valid JSON (Expecting value, column 7)"),
+    ('{"a": 1}\n[1, 2]\n', "line 2 is a JSON list; expected an object (one row per line)"),
+    ('[{"a": 1},\n {"a": ]', "not valid JSON (Expecting value: line 2 column 8 (char 18))"),
+])
+def test_the_first_bad_json_line_is_found_without_ray(tmp_path, text, problem):
+    from pipeline.prompts import first_bad_file
+
+    src = tmp_path / "p.jsonl"
+    src.write_text(text)
+    assert first_bad_file(resolve_source(str(src))) == (None if problem is None else f"{src}: {problem}")
+    src.write_bytes(b'{"a": 1}\n{"a": "\xff"}\n')
+    assert first_bad_file(resolve_source(str(src))) == f"{src}: line 2 is not UTF-8 text (invalid start byte at byte 16)"
 
 
 def test_only_the_readers_errors_are_bad_input_not_rays_own():
