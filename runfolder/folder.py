@@ -163,6 +163,9 @@ def claim_problems(folder: RunFolder, config: JobConfig, overwrite: bool) -> tup
         folder.refresh()
         if folder.fs.isfile(folder.path):
             return [f"{where} is a file; expected a folder"], "new"
+        unwritable = write_problem(folder)
+        if unwritable:
+            return [unwritable], "new"
         entries = folder.entries()
         if not entries:
             return [], "new"
@@ -190,6 +193,27 @@ def claim_problems(folder: RunFolder, config: JobConfig, overwrite: bool) -> tup
             "choose another output.path"
         ], "resume"
     return [], "resume"
+
+
+def write_problem(folder: RunFolder) -> str | None:
+    """Why a local `folder` cannot be created or written into (a file where a parent folder should be, or no write
+    permission on the folder or on its nearest existing parent), or None. Checked from permissions, writing
+    nothing. Object stores are not checked here: their permissions show only when a write is tried."""
+    if not folder.local:
+        return None
+    where = f"output.path: {folder.uri}"
+    nearest = folder.path
+    while not os.path.lexists(nearest):
+        parent = os.path.dirname(nearest)
+        if parent == nearest:
+            break
+        nearest = parent
+    if nearest != folder.path and not os.path.isdir(nearest):
+        return f"{where} cannot be created: {nearest} is a file, not a folder"
+    if not os.access(nearest, os.W_OK | os.X_OK):
+        what = "the folder" if nearest == folder.path else f"its nearest existing parent {nearest}"
+        return f"{where} is not writable: {what} does not permit this user to write into it"
+    return None
 
 
 def changed_keys(old: dict, new: dict, prefix: str = "") -> list[str]:

@@ -87,7 +87,7 @@ def test_unreadable_data(ray_session, tmp_path, capsys):
     bad = tmp_path / "prompts.jsonl"
     bad.write_text('{"id": "a", "prompt": "x"}\n{"id": "b", "prompt": ]\n')
     status, err = run(tmp_path, capsys, job_config(tmp_path, data={"source": str(bad)}))
-    assert_clean(tmp_path, status, err, f"data.source: {bad}: cannot be read: ")
+    assert_clean(tmp_path, status, err, f"data.source: {bad}: line 2 is not valid JSON (Expecting value, column 23)")
 
 
 @pytest.mark.parametrize("data, reward, needle", [
@@ -134,3 +134,23 @@ def test_overwrite_refuses_a_folder_whose_manifest_is_not_winnows(tmp_path, caps
     assert "pass --overwrite" not in err
     assert sorted(p.name for p in old.iterdir()) == ["manifest.json", "results.csv"]
     assert (old / "results.csv").read_text() == "precious" and (old / "manifest.json").read_text() == "{}"
+
+
+def test_a_truncated_parquet_source_exits_2_naming_the_file(ray_session, tmp_path, capsys):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    src = tmp_path / "prompts.parquet"
+    pq.write_table(pa.Table.from_pylist([{"id": f"p{i}", "prompt": f"Say {i}."} for i in range(20)]), src)
+    src.write_bytes(src.read_bytes()[:-40])  # cut short: the footer is gone
+    status, err = run(tmp_path, capsys, job_config(tmp_path, data={"source": str(src)}))
+    assert_clean(tmp_path, status, err, f"data.source: {src}: not a readable parquet file (ArrowInvalid: ")
+
+
+def test_an_output_path_under_a_file_exits_2_before_ray_starts(tmp_path, capsys):
+    (tmp_path / "taken").write_text("not a folder")
+    cfg = job_config(tmp_path, output={"path": str(tmp_path / "taken" / "run")})
+    status, err = run(tmp_path, capsys, cfg)
+    assert status == 2, err
+    assert f"output.path: {tmp_path / 'taken' / 'run'} cannot be created: {tmp_path / 'taken'} is a file" in err
+    assert (tmp_path / "taken").read_text() == "not a folder"

@@ -225,3 +225,28 @@ def test_listings_are_read_fresh_from_the_store(s3_endpoint):  # noqa: F811 (fix
     writer.pipe("winnow-test/runs/fresh/_checkpoint/w1_000002.pending.parquet", b"x")
     assert [p.rsplit("/", 1)[1] for p in committed_files(folder)] == ["w1_000000-0.parquet", "w1_000001-0.parquet"]
     assert [p.rsplit("/", 1)[1] for p in pending_checkpoints(folder)] == ["w1_000002.pending.parquet"]
+
+
+def test_an_output_path_that_cannot_be_written_is_refused_before_anything_runs(tmp_path, monkeypatch):
+    cfg = config(tmp_path)
+    (tmp_path / "a-file").write_text("x")
+    under_file = RunFolder(str(tmp_path / "a-file" / "runs" / "one"))
+    problems, _ = claim_problems(under_file, cfg, overwrite=False)
+    assert problems == [f"output.path: {under_file.uri} cannot be created: {tmp_path / 'a-file'} is a file, not a "
+                        "folder"]
+    assert (tmp_path / "a-file").read_text() == "x"
+
+    import os
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: False if str(p) == str(locked) else real_access(p, mode))
+    inside = RunFolder(str(locked / "run"))  # tests run as root here, so the permission is denied by stand-in
+    problems, _ = claim_problems(inside, cfg, overwrite=True)
+    assert problems == [f"output.path: {inside.uri} is not writable: its nearest existing parent {locked} does not "
+                        "permit this user to write into it"]
+    problems, _ = claim_problems(RunFolder(str(locked)), cfg, overwrite=False)
+    assert problems == [f"output.path: {locked} is not writable: the folder does not permit this user to write "
+                        "into it"]
+    assert claim_problems(RunFolder(str(tmp_path / "fine" / "run")), cfg, False) == ([], "new")
