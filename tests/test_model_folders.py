@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from assets import builtin_path
 from conftest import job_config, write_config
@@ -148,3 +149,11 @@ def test_generate_exits_2_on_a_wrong_head_before_anything_runs(tmp_path, capsys)
     err = capsys.readouterr().err
     assert "models.target: builtin:tiny-reward: config.json's architectures are LlamaForSequenceClassification" in err
     assert not (tmp_path / "run").exists()
+
+
+def test_the_worker_checks_the_head_again_before_loading():
+    """The workers' own check (after an s3:// copy) is the driver's, role included."""
+    from workers.loading import ModelPathError, load_causal_lm
+
+    with pytest.raises(ModelPathError, match="models.target"):
+        load_causal_lm(str(builtin_path("tiny-reward")), "models.target", torch.device("cpu"), "auto", False)

@@ -10,17 +10,18 @@ from pathlib import Path
 
 import torch
 
-from workers.checkpoints import model_folder_problem
+from workers.checkpoints import CAUSAL_LM, REWARD, model_folder_problem
 
 
 class ModelPathError(ValueError):
     """A model path that does not resolve to a Hugging Face folder; the message names the field and path."""
 
 
-def local_model_folder(location: str, field: str) -> Path:
+def local_model_folder(location: str, field: str, role: str | None = None) -> Path:
     """A checked model folder on this machine: a local path as given, an s3:// (or other fsspec) prefix copied to a
-    local cache first. `field` names the config field (e.g. "models.target") in error messages. `builtin:` names
-    are resolved by the driver before a config reaches the workers (`pipeline.preflight.resolved`)."""
+    local cache first, and checked for `role` (workers.checkpoints). `field` names the config field (e.g.
+    "models.target") in error messages. `builtin:` names are resolved by the driver before a config reaches the
+    workers (`pipeline.preflight.resolved`)."""
     if location.startswith("builtin:"):
         raise ModelPathError(f"{field}: {location} is a bundled asset's name; resolve the config first "
                              "(pipeline.preflight.resolved), as the job driver does before a worker sees it")
@@ -28,7 +29,7 @@ def local_model_folder(location: str, field: str) -> Path:
         path = _fetch_s3(location, field)
     else:
         path = Path(location.removeprefix("file://")).expanduser()
-    problem = model_folder_problem(str(path), field, shown=location)
+    problem = model_folder_problem(str(path), field, shown=location, role=role)
     if problem:
         raise ModelPathError(problem)
     return path
@@ -98,7 +99,7 @@ class Loaded:
 def load_causal_lm(spec: str, field: str, device: torch.device, dtype_setting: str, trust_remote_code: bool) -> Loaded:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = local_model_folder(spec, field)
+    path = local_model_folder(spec, field, CAUSAL_LM)
     dtype = pick_dtype(dtype_setting, device, _checkpoint_dtype(path))
     with _remote_code_guard(field, trust_remote_code):
         tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
@@ -110,7 +111,7 @@ def load_causal_lm(spec: str, field: str, device: torch.device, dtype_setting: s
 def load_reward_model(spec: str, field: str, device: torch.device, dtype_setting: str, trust_remote_code: bool) -> Loaded:
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    path = local_model_folder(spec, field)
+    path = local_model_folder(spec, field, REWARD)
     dtype = pick_dtype(dtype_setting, device, _checkpoint_dtype(path))
     with _remote_code_guard(field, trust_remote_code):
         tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
