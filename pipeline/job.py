@@ -4,7 +4,8 @@
    written; every problem raises `schemas.base.InputError` (exit 2).
 2. `connect` to Ray, then `pipeline.prompts.load_prompts` unless a resumed folder already holds prompts.parquet.
    Still nothing written.
-3. `execute`: write manifest.json (status running) and prompts.parquet, `run` the Ray Data pipeline, then count
+3. `execute`: write manifest.json (status running) and prompts.parquet, finish the checkpoint commits an earlier
+   run left half done (`runfolder.folder.settle_checkpoints`), `run` the Ray Data pipeline, then count
    what was written, check that every prompt is there exactly once and rewrite the manifest (succeeded or failed).
 
 The pipeline (`run`) is
