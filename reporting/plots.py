@@ -29,6 +29,12 @@ def _png(fig: Figure) -> bytes:
     return buf.getvalue()
 
 
+def _legend_outside(ax, handles) -> None:
+    """Every mark's legend entry, in a column to the right of the axes."""
+    ax.legend(handles=handles, fontsize=7.5, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0,
+              frameon=False)
+
+
 def _new_figure(width: float, height: float) -> Figure:
     fig = Figure(figsize=(width, height), dpi=DPI)
     FigureCanvasAgg(fig)
@@ -253,8 +259,7 @@ def reward_vs_cost_figure(points: list[dict], frontier: list[str], single_sample
     where = f", {prompts} prompts every run completed" if prompts else ""
     ax.set_title(f"Mean best reward against USD per prompt: the cost-reward frontier{where}", fontsize=10, pad=28)
     ax.grid(True, alpha=0.3)
-    ax.legend(handles=handles, fontsize=7.5, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0,
-              frameon=False)
+    _legend_outside(ax, handles)
     return fig
 
 
@@ -311,8 +316,7 @@ def improvement_vs_relative_compute_figure(points: list[dict], baseline: str) ->
     ax.set_ylabel("improvement score (paper 001 eq. 8)")
     ax.set_title(f"Improvement score against relative compute, baseline {baseline}", fontsize=10)
     ax.grid(True, alpha=0.3)
-    ax.legend(handles=handles, fontsize=7.5, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0,
-              frameon=False)
+    _legend_outside(ax, handles)
     return fig
 
 
@@ -342,7 +346,7 @@ def best_reward_distribution_figure(series: list[tuple[str, list[float]]]) -> Fi
     if any(len(f.get_xdata()) for f in parts["fliers"]):
         handles.append(Line2D([], [], ls="none", marker="o", markerfacecolor="none", markeredgecolor="black",
                               label="circle: a prompt beyond the whiskers"))
-    ax.legend(handles=handles, fontsize=7.5, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)
+    _legend_outside(ax, handles)
     return fig
 
 
