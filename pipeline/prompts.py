@@ -31,6 +31,7 @@ from pipeline.raydata import data_context, short_error
 from schemas.base import InputError
 from schemas.config import DataConfig, JobConfig
 from schemas.rows import MESSAGE, prompt_problem
+from stores.filesystems import filesystem
 
 # file extension -> Ray Data reader
 FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
@@ -81,7 +82,7 @@ def resolve_source(spec: str) -> Source:
     """Find what `data.source` names and how to read it; InputError naming the path when it cannot be read."""
     where = _location(spec)
     try:
-        fs, root = fsspec.core.url_to_fs(where)
+        fs, root = filesystem(where)
         if fs.isfile(root):
             ext = Path(root).suffix.lower()
             if ext not in FORMATS:

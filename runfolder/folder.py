@@ -26,7 +26,6 @@ import posixpath
 import uuid
 from dataclasses import dataclass, field
 
-import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import ValidationError
@@ -35,6 +34,7 @@ from schemas.base import InputError
 from schemas.config import JobConfig
 from schemas.manifest import CostTotals, Manifest
 from schemas.rows import COST_FIELDS
+from stores.filesystems import filesystem
 
 PENDING = ".pending.parquet"
 ORPHANS = "_checkpoint_orphans"
@@ -57,8 +57,7 @@ class RunFolder:
         if "://" not in uri:
             uri = os.path.abspath(os.path.expanduser(uri))
         self.uri = uri.rstrip("/") or uri
-        self.fs, self.path = fsspec.core.url_to_fs(self.uri)
-        self.path = self.path.rstrip("/") or self.path
+        self.fs, self.path = filesystem(self.uri)
 
     @property
     def local(self) -> bool:

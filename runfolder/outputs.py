@@ -9,13 +9,13 @@ import os
 import posixpath
 import shutil
 import uuid
-from typing import Iterator
+from collections.abc import Iterator
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from runfolder.runs import filesystem
 from schemas.base import InputError
+from stores.filesystems import filesystem
 
 
 def check_out(uri: str, overwrite: bool) -> None:

@@ -13,7 +13,6 @@ import json
 import posixpath
 from dataclasses import dataclass
 
-import fsspec
 import pyarrow as pa
 import pyarrow.dataset as pads
 from pydantic import ValidationError
@@ -22,6 +21,7 @@ from runfolder.folder import committed_data_files
 from schemas.base import InputError
 from schemas.manifest import Manifest
 from schemas.rows import ROW_SCHEMA
+from stores.filesystems import filesystem
 
 # Columns the tools read; others (new ones the job adds) are ignored.
 READ_COLUMNS = ["prompt_id", "prompt", "method", "candidates", "best_index", "best_text", "best_reward", "cost",
@@ -48,12 +48,6 @@ class Run:
     @property
     def usd_per_device_hour(self) -> float:
         return float(self.manifest.config["cost"]["usd_per_device_hour"])
-
-
-def filesystem(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
-    """The fsspec filesystem of a URL or local path, and the path inside it (no trailing slash)."""
-    fs, path = fsspec.core.url_to_fs(uri)
-    return fs, path.rstrip("/") or path
 
 
 def normalise_uri(uri: str) -> str:

@@ -12,10 +12,10 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 FLOORS = {"jobs": 5, "pipeline": 4, "sftdata": 4, "reporting": 4, "runfolder": 3, "workers": 2, "schemas": 1,
-          "lexical": 1}
+          "lexical": 1, "stores": 1}
 # Packages beside the floors, with what they may import.
 ASIDE = {"assets": {"assets", "lexical"},
-         "bench": {"bench", "assets", "pipeline", "reporting", "runfolder", "schemas", "workers", "lexical"}}
+         "bench": {"bench", "assets", "pipeline", "reporting", "runfolder", "schemas", "workers", "lexical", "stores"}}
 PROJECT = set(FLOORS) | set(ASIDE)
 # Who may import assets: the driver's pipeline resolves builtin: names; `winnow assets` lists them; benches use them.
 ASSETS_USERS = {"assets", "pipeline", "jobs", "bench"}

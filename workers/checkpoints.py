@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import posixpath
 
-import fsspec
+from stores.filesystems import filesystem
 
 CAUSAL_LM = "causal_lm"  # models.target, models.draft
 REWARD = "reward"  # models.reward.path
@@ -57,8 +57,7 @@ def model_folder_problems(location: str, field: str, shown: str | None = None, r
     shown = shown or location
     where = f"{field}: {shown}"
     try:
-        fs, root = fsspec.core.url_to_fs(location)
-        root = root.rstrip("/") or root
+        fs, root = filesystem(location)
         if not fs.exists(root):
             return [f"{where} does not exist"]
         if not fs.isdir(root):
