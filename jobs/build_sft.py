@@ -69,6 +69,10 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     try:
         write_sft(result, runs, sel, args.out, argv)
+    except InputError as err:  # --out taken by another writer since the check (its lease)
+        for line in err.problems:
+            print(f"winnow build-sft: {line}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     except Exception as err:  # noqa: BLE001 - any failure while writing is a run-time failure (exit 1)
         print(f"winnow build-sft: failed writing {args.out}: {type(err).__name__}: {err}", file=sys.stderr)
         return EXIT_RUNTIME

@@ -8,7 +8,9 @@ written), then execute; a failed batch exits 1 and an interrupt 130, keeping the
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 
 from jobs import config_args
 from jobs.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_RUNTIME
@@ -27,9 +29,38 @@ def main(argv: list[str] | None = None) -> int:
         from pipeline import job  # imports Ray: only once the arguments and the config are good
 
         plan = job.check(config, args.overwrite)
+        from runfolder.lease import Lease, lease_path
+
+        lease = Lease(plan.folder.fs, lease_path(plan.folder.path), PROG, f"output.path: {plan.folder.uri}")
+        lease.acquire()  # one writer per run folder: a second run exits 2 naming this one
     except (config_args.ArgumentError, ConfigError, InputError) as err:
         return config_args.report(PROG, err)
+    main_thread = threading.current_thread() is threading.main_thread()  # signal handlers live on the main thread
+    previous = signal.getsignal(signal.SIGTERM)
+    previous = signal.SIG_DFL if previous is None else previous  # None: a handler set outside Python
+    try:
+        if lease.taken_over is not None:
+            print(f"{PROG}: {plan.folder.uri} was held by a run that did not end cleanly "
+                  f"({lease.taken_over.describe()}); taking it over", flush=True)
+        return _run(plan, config)
+    except KeyboardInterrupt:  # before the run started (`execute` handles its own): nothing was written
+        print(f"{PROG}: interrupted before the run started", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
+        lease.release()
+        if lease.lost:
+            print(f"{PROG}: warning: {lease.lost}; another run may have written {plan.folder.uri} meanwhile",
+                  file=sys.stderr)
 
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def _run(plan, config) -> int:
+    from pipeline import job
     from pipeline.prompts import load_prompts
     from pipeline.raydata import short_error
 
@@ -38,6 +69,10 @@ def main(argv: list[str] | None = None) -> int:
     except (ConnectionError, RuntimeError, ValueError) as err:  # RAY_ADDRESS points nowhere, Ray cannot start
         print(f"{PROG}: cannot connect to or start Ray: {short_error(err)}", file=sys.stderr)
         return EXIT_RUNTIME
+    if threading.current_thread() is threading.main_thread():
+        # `ray job stop` (and a plain kill) sends SIGTERM: end like Ctrl-C, so the manifest says the run did not
+        # finish and the lease is given back. Set after ray.init, whose core worker installs its own handler.
+        signal.signal(signal.SIGTERM, _interrupt)
     try:
         prompts = None if plan.reuses_prompts else load_prompts(config)
     except InputError as err:

@@ -65,6 +65,10 @@ def main(argv: list[str] | None = None) -> int:
     ordered, base_index = order_runs(runs, baseline)
     try:
         report = write_report(ordered, base_index, args.out)
+    except InputError as err:  # --out taken by another writer since the check (its lease)
+        for line in err.problems:
+            print(f"winnow report: {line}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     except Exception as err:  # noqa: BLE001 - any failure while computing or writing is a run-time failure (exit 1)
         print(f"winnow report: failed writing {args.out}: {type(err).__name__}: {err}", file=sys.stderr)
         return EXIT_RUNTIME

@@ -76,7 +76,7 @@ def build_report(runs: list[Run], base_index: int) -> dict:
     for label, run, fr in zip(labels, runs, per_run):
         entries.append({
             "label": label, "name": run.name, "path": run.uri, "method": run.method,
-            "config_hash": run.manifest.config_hash, "status": run.manifest.status,
+            "config_hash": run.manifest.config_hash, "status": run.status,
             **run_summary(run),
             "frontier": fr,
             "vs_baseline": compare(run, base),
@@ -342,7 +342,7 @@ def write_report(runs: list[Run], base_index: int, out: str) -> dict:
     plots = draw_plots(runs, report)
     report["plots"] = {caption: name for caption, (name, _) in plots.items()}
     markdown = render_markdown(report, report["plots"])
-    with staged_out(out) as (fs, tmp):
+    with staged_out(out, "winnow report") as (fs, tmp):
         for name, png in plots.values():
             write_bytes(fs, posixpath.join(tmp, name), png)
         write_bytes(fs, posixpath.join(tmp, "report.json"),

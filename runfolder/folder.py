@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import ValidationError
 
+from runfolder.lease import LEASE_FILE, held_message, holder_of, lease_path
 from schemas.base import InputError
 from schemas.config import JobConfig
 from schemas.manifest import CostTotals, Manifest
@@ -91,8 +92,11 @@ class RunFolder:
         return self.fs.exists(self.path)
 
     def entries(self) -> list[str]:
+        """What the folder holds, its lease file (`runfolder.lease`) aside."""
         self.refresh()
-        return self.fs.ls(self.path, detail=False) if self.fs.isdir(self.path) else []
+        if not self.fs.isdir(self.path):
+            return []
+        return [p for p in self.fs.ls(self.path, detail=False) if posixpath.basename(p.rstrip("/")) != LEASE_FILE]
 
     def read_manifest(self) -> Manifest | None:
         """The folder's manifest, or None when it has no manifest.json; InputError when manifest.json is not a
@@ -117,8 +121,10 @@ class RunFolder:
     # -- writing ----------------------------------------------------------------------------------------------------
 
     def clear(self) -> None:
-        if self.fs.exists(self.path):
-            self.fs.rm(self.path, recursive=True)
+        """Delete everything in the folder but its lease (held by the run that clears it)."""
+        for entry in self.entries():
+            self.fs.rm(entry, recursive=True)
+        self.refresh()
 
     def _write_atomic(self, name: str, data: bytes) -> None:
         """Write a file in one piece: a temporary sibling renamed into place (one PUT on object stores)."""
@@ -165,6 +171,9 @@ def claim_problems(folder: RunFolder, config: JobConfig, overwrite: bool) -> tup
         unwritable = write_problem(folder)
         if unwritable:
             return [unwritable], "new"
+        holder = holder_of(folder.fs, lease_path(folder.path))
+        if holder is not None:
+            return [held_message(where, holder, folder.url(LEASE_FILE))], "new"
         entries = folder.entries()
         if not entries:
             return [], "new"

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
+from runfolder.lease import Lease, held_message, holder_of, out_lease_path
 from schemas.base import InputError
 from stores.filesystems import filesystem
 
@@ -23,13 +24,17 @@ def check_out(uri: str, overwrite: bool) -> None:
     fs, path = filesystem(uri)
     if fs.isfile(path):
         raise InputError(f"{uri}: --out exists and is a file, not a folder")
+    holder = holder_of(fs, out_lease_path(path))
+    if holder is not None:
+        raise InputError(held_message(f"--out {uri}", holder, out_lease_path(uri)))
     if fs.isdir(path) and fs.find(path) and not overwrite:
         raise InputError(f"{uri}: --out exists and is not empty; pass --overwrite to replace it")
 
 
 @contextlib.contextmanager
-def staged_out(uri: str) -> Iterator[tuple[fsspec.AbstractFileSystem, str]]:
+def staged_out(uri: str, command: str) -> Iterator[tuple[fsspec.AbstractFileSystem, str]]:
     """Yield (fs, temporary folder) beside ``uri``; on success put its files at ``uri``, replacing what is there.
+    `command` holds the folder's lease (`runfolder.lease.out_lease_path`) meanwhile: one writer at a time.
 
     On an exception the temporary folder is removed and ``uri`` is left as it was. On a local disk the swap is two
     renames (the old folder is moved aside first and deleted last), so an interruption leaves the old or the new
@@ -39,13 +44,14 @@ def staged_out(uri: str) -> Iterator[tuple[fsspec.AbstractFileSystem, str]]:
     fs, path = filesystem(uri)
     token = uuid.uuid4().hex[:12]
     tmp = f"{path}.tmp-{token}"
-    try:
-        fs.makedirs(tmp, exist_ok=True)
-        yield fs, tmp
-        _swap(fs, tmp, path, token)
-    finally:
-        if fs.exists(tmp):
-            fs.rm(tmp, recursive=True)
+    with Lease(fs, out_lease_path(path), command, f"--out {uri}"):  # one writer: a second one gets InputError
+        try:
+            fs.makedirs(tmp, exist_ok=True)
+            yield fs, tmp
+            _swap(fs, tmp, path, token)
+        finally:
+            if fs.exists(tmp):
+                fs.rm(tmp, recursive=True)
 
 
 def _swap(fs, tmp: str, path: str, token: str) -> None:

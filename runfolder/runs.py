@@ -18,6 +18,7 @@ import pyarrow.dataset as pads
 from pydantic import ValidationError
 
 from runfolder.folder import committed_data_files
+from runfolder.lease import holder_of, lease_path
 from schemas.base import InputError
 from schemas.manifest import Manifest
 from schemas.rows import ROW_SCHEMA
@@ -36,6 +37,10 @@ class Run:
     manifest: Manifest
     rows: list[dict]
     superseded_errors: int = 0  # errored rows dropped because the same prompt_id also has a successful row
+    status: str = ""  # the manifest's, except "interrupted" for a manifest left "running" by a run that is gone
+
+    def __post_init__(self):
+        self.status = self.status or self.manifest.status
 
     @property
     def name(self) -> str:
@@ -194,7 +199,10 @@ def load_run(uri: str) -> Run:
     if problems:
         raise InputError(problems)
     rows, superseded = _dedupe(rows, uri)
-    return Run(uri=uri, manifest=manifest, rows=rows, superseded_errors=superseded)
+    status = manifest.status
+    if status == "running" and holder_of(fs, lease_path(path)) is None:  # killed or stopped: nobody holds its lease
+        status = "interrupted"
+    return Run(uri=uri, manifest=manifest, rows=rows, superseded_errors=superseded, status=status)
 
 
 def load_runs(uris: list[str]) -> list[Run]:

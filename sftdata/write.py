@@ -108,7 +108,7 @@ def dataset_card(result: SftResult, runs: list[Run], sel: Selection, argv: list[
               "|---|---|---|---|---|---|---|"]
     for label, run in zip(unique_labels(runs), runs):
         errors = sum(r["error"] is not None for r in run.rows)
-        lines.append(f"| {label} | {run.method} | `{run.manifest.config_hash}` | {run.manifest.status} | "
+        lines.append(f"| {label} | {run.method} | `{run.manifest.config_hash}` | {run.status} | "
                      f"{len(run.rows)} | {errors} | `{run.uri}` |")
     lines += [
         "",
@@ -144,7 +144,7 @@ def dataset_card(result: SftResult, runs: list[Run], sel: Selection, argv: list[
 def write_sft(result: SftResult, runs: list[Run], sel: Selection, out: str, argv: list[str] | None = None) -> None:
     """Write OUT (see module docstring) through a temporary folder that replaces OUT only when complete."""
     card = dataset_card(result, runs, sel, argv)
-    with staged_out(out) as (fs, tmp):
+    with staged_out(out, "winnow build-sft") as (fs, tmp):
         buf = io.BytesIO()
         pq.write_table(result.table, buf)
         write_bytes(fs, posixpath.join(tmp, PARQUET_PATH), buf.getvalue())
