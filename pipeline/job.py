@@ -39,6 +39,7 @@ from pipeline.raydata import data_context, short_error
 from runfolder.folder import (
     RunFolder,
     Tally,
+    as_first_spelled,
     claim_problems,
     exactly_once_problems,
     pending_checkpoints,
@@ -76,6 +77,7 @@ class Outcome:
 def check(config: JobConfig, overwrite: bool) -> Plan:
     """Step 1: every problem with the models or the run folder at once (InputError); nothing is written."""
     folder = RunFolder(config.output.path)
+    config = as_first_spelled(folder, config)  # one folder, one run: `runs/a/` resumes what `runs/a` started
     problems = model_problems(config)
     claim, mode = claim_problems(folder, config, overwrite)
     if problems or claim:

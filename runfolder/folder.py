@@ -155,6 +155,26 @@ class RunFolder:
 # Who may write into the folder
 
 
+def as_first_spelled(folder: RunFolder, config: JobConfig) -> JobConfig:
+    """`config` with output.path spelled as in the folder's manifest, when that spelling is the only difference.
+
+    output.path is part of the config and so of its hash, but one folder is one run however it is spelled (``runs/a``,
+    ``runs/a/``, ``./runs/a``, its absolute path, or after the folder was moved): the folder is found by the path
+    given, and the run it holds is resumed under the spelling it started with, so its rows keep one config_hash.
+    Anything else (no manifest, not a Winnow manifest, another config) is left to `claim_problems`."""
+    try:
+        manifest = folder.read_manifest() if folder.exists() else None
+    except (InputError, OSError):
+        return config
+    if manifest is None or manifest.config_hash == config.hash():
+        return config
+    if changed_keys(manifest.config, config.model_dump(mode="json")) != ["output.path"]:
+        return config
+    adopted = config.model_copy(update={"output": config.output.model_copy(
+        update={"path": manifest.config["output"]["path"]})})
+    return adopted if adopted.hash() == manifest.config_hash else config
+
+
 def claim_problems(folder: RunFolder, config: JobConfig, overwrite: bool) -> tuple[list[str], str]:
     """Whether this config may run into `folder`: (problems, mode) with mode "new", "resume" or "overwrite".
 

@@ -11,6 +11,7 @@ from conftest import job_config
 from conftest_runs import s3_endpoint  # noqa: F401 (fixture)
 from runfolder.folder import (
     RunFolder,
+    as_first_spelled,
     changed_keys,
     claim_problems,
     committed_files,
@@ -64,6 +65,22 @@ def test_folders_that_are_not_run_folders_are_never_cleared(tmp_path):
     assert "manifest.json is not a Winnow manifest" in problems[0]
     (tmp_path / "file").write_text("x")
     assert "is a file" in claim_problems(RunFolder(str(tmp_path / "file")), cfg, False)[0][0]
+
+
+def test_one_folder_is_one_run_however_output_path_is_spelled(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    first = config(tmp_path, output={"path": "run"})  # relative, as the first run spelled it
+    RunFolder(first.output.path).write_manifest(new_manifest(first, prompts=4))
+    for spelling in ("run/", "./run", str(tmp_path / "run"), str(tmp_path / "run") + "/"):
+        again = config(tmp_path, output={"path": spelling})
+        folder = RunFolder(again.output.path)
+        adopted = as_first_spelled(folder, again)
+        assert adopted.output.path == "run" and adopted.hash() == first.hash(), spelling
+        assert claim_problems(folder, adopted, overwrite=False) == ([], "resume")
+    other = config(tmp_path, output={"path": "run/"}, seed=3)  # another config too: not the same run
+    assert as_first_spelled(RunFolder("run/"), other) is other
+    problems, _ = claim_problems(RunFolder("run/"), other, overwrite=False)
+    assert "changed: output.path, seed" in problems[0]
 
 
 def test_changed_keys_are_dotted():
