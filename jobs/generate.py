@@ -23,12 +23,15 @@ def main(argv: list[str] | None = None) -> int:
     p = config_args.parser(PROG, "Run a generation job on Ray (resumes an interrupted run of the same config).")
     p.add_argument("--overwrite", action="store_true",
                    help="clear output.path first when it holds a Winnow run (of any config)")
+    p.add_argument("--allow-working-dir-paths", action="store_true",
+                   help="under `ray job submit`, accept an output.path or data.source inside Ray's copy of the "
+                        "job's working directory (refused by default: Ray deletes it)")
     try:
         args = config_args.parse(p, argv)
         config = config_args.load(args)
         from pipeline import job  # imports Ray: only once the arguments and the config are good
 
-        plan = job.check(config, args.overwrite)
+        plan = job.check(config, args.overwrite, args.allow_working_dir_paths)
         from runfolder.lease import Lease, lease_path
 
         lease = Lease(plan.folder.fs, lease_path(plan.folder.path), PROG, f"output.path: {plan.folder.uri}")

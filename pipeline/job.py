@@ -34,7 +34,7 @@ import ray
 import ray.data
 from ray.data.checkpoint import CheckpointConfig
 
-from pipeline.preflight import model_problems, resolved
+from pipeline.preflight import model_problems, resolved, working_dir_problems
 from pipeline.raydata import data_context, short_error
 from runfolder.folder import (
     RunFolder,
@@ -74,11 +74,13 @@ class Outcome:
     seconds: float
 
 
-def check(config: JobConfig, overwrite: bool) -> Plan:
-    """Step 1: every problem with the models or the run folder at once (InputError); nothing is written."""
+def check(config: JobConfig, overwrite: bool, allow_working_dir: bool = False) -> Plan:
+    """Step 1: every problem with the models or the run folder at once (InputError); nothing is written. Under
+    `ray job submit`, paths inside Ray's copy of the working directory are refused unless `allow_working_dir`."""
     folder = RunFolder(config.output.path)
     config = as_first_spelled(folder, config)  # one folder, one run: `runs/a/` resumes what `runs/a` started
-    problems = model_problems(config)
+    problems = [] if allow_working_dir else working_dir_problems(config)
+    problems += model_problems(config)
     claim, mode = claim_problems(folder, config, overwrite)
     if problems or claim:
         raise InputError(problems + claim)

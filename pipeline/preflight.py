@@ -11,6 +11,8 @@ the same one the workers run before loading.
 from __future__ import annotations
 
 import importlib
+import json
+import os
 
 import assets
 from schemas.config import JobConfig
@@ -60,6 +62,46 @@ def model_problems(config: JobConfig) -> list[str]:
         problem = python_reward_problem(reward.function)
         if problem:
             problems.append(problem)
+    return problems
+
+
+ALLOW_WORKING_DIR = "--allow-working-dir-paths"
+
+
+def ray_job_working_dir(environ=os.environ) -> str | None:
+    """Ray's copy of the working directory this driver runs in, when it was started by ``ray job submit
+    --working-dir`` (the job supervisor passes the job's runtime_env in RAY_JOB_CONFIG_JSON_ENV_VAR and starts the
+    entry point inside the unpacked copy), else None."""
+    raw = environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR")
+    if not raw:
+        return None
+    try:
+        runtime_env = (json.loads(raw) or {}).get("runtime_env") or {}
+    except (ValueError, AttributeError):
+        return None
+    return os.getcwd() if runtime_env.get("working_dir") else None
+
+
+def working_dir_problems(config: JobConfig, environ=os.environ) -> list[str]:
+    """output.path or data.source inside Ray's copy of a job's working directory (a relative local path, or an
+    absolute one under it): refused, since Ray deletes that copy and a later submit of the same code is unpacked at
+    the same place, so a run folder there is lost or silently 'resumed' by an unrelated job."""
+    workdir = ray_job_working_dir(environ)
+    if workdir is None:
+        return []
+    problems = []
+    for field, value in (("output.path", config.output.path), ("data.source", config.data.source)):
+        if "://" in value or value.startswith("builtin:"):
+            continue
+        full = os.path.realpath(os.path.join(workdir, os.path.expanduser(value)))
+        if os.path.commonpath([full, os.path.realpath(workdir)]) != os.path.realpath(workdir):
+            continue
+        problems.append(
+            f"{field}: {value!r} is inside Ray's copy of this job's working directory ({workdir}), which Ray deletes "
+            "and which a later `ray job submit` of the same code is unpacked into again; use an absolute path on "
+            "storage the cluster keeps (s3://bucket/prefix, or a shared mount every node sees), or pass "
+            f"{ALLOW_WORKING_DIR} to use the working directory anyway"
+        )
     return problems
 
 

@@ -154,3 +154,48 @@ def test_an_output_path_under_a_file_exits_2_before_ray_starts(tmp_path, capsys)
     assert status == 2, err
     assert f"output.path: {tmp_path / 'taken' / 'run'} cannot be created: {tmp_path / 'taken'} is a file" in err
     assert (tmp_path / "taken").read_text() == "not a folder"
+
+
+SUBMITTED = '{"runtime_env": {"working_dir": "gcs://_ray_pkg_0123456789abcdef.zip"}, "metadata": {}}'
+
+
+def test_under_ray_job_submit_paths_inside_the_working_dir_copy_exit_2(tmp_path, capsys, monkeypatch):
+    """As `ray job submit --working-dir .` starts the entry point: inside Ray's unpacked copy, with the job's
+    runtime_env in RAY_JOB_CONFIG_JSON_ENV_VAR. A relative output.path or data.source would live in that copy."""
+    workdir = tmp_path / "_ray_pkg_0123456789abcdef"
+    workdir.mkdir()
+    write_jsonl(workdir / "prompts.jsonl", [{"id": "a", "prompt": "hi"}])
+    monkeypatch.chdir(workdir)
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", SUBMITTED)
+    cfg = job_config(tmp_path, output={"path": "runs/x"}, data={"source": "prompts.jsonl", "limit": None})
+    status, err = run(tmp_path, capsys, cfg)
+    assert status == 2, err
+    assert f"output.path: 'runs/x' is inside Ray's copy of this job's working directory ({workdir})" in err
+    assert "data.source: 'prompts.jsonl' is inside Ray's copy" in err and "--allow-working-dir-paths" in err
+    assert not (workdir / "runs").exists()
+    inside = job_config(tmp_path, output={"path": str(workdir / "abs")})  # absolute, but still inside the copy
+    status, err = run(tmp_path, capsys, inside)
+    assert status == 2 and "output.path: " in err and "inside Ray's copy" in err
+    from pipeline import job
+    from schemas.config import validate_config
+
+    plan = job.check(validate_config(cfg), overwrite=False, allow_working_dir=True)  # the user's opt-in
+    assert plan.mode == "new" and plan.folder.uri == str(workdir / "runs" / "x")
+
+
+def test_paths_outside_the_working_dir_copy_or_not_under_ray_job_submit_pass(tmp_path, monkeypatch):
+    from pipeline.preflight import working_dir_problems
+    from schemas.config import validate_config
+
+    workdir = tmp_path / "pkg"
+    workdir.mkdir()
+    monkeypatch.chdir(workdir)
+    relative = validate_config(job_config(tmp_path, output={"path": "runs/x"}))
+    assert working_dir_problems(relative, environ={}) == []  # a laptop run: relative paths are the user's own
+    env = {"RAY_JOB_CONFIG_JSON_ENV_VAR": SUBMITTED}
+    assert len(working_dir_problems(relative, environ=env)) == 1
+    for path in (str(tmp_path / "elsewhere"), "s3://bucket/runs/x", "../outside"):
+        ok = validate_config(job_config(tmp_path, output={"path": path}))
+        assert working_dir_problems(ok, environ=env) == [], path
+    no_dir = {"RAY_JOB_CONFIG_JSON_ENV_VAR": '{"runtime_env": {}, "metadata": {}}'}  # submitted without one
+    assert working_dir_problems(relative, environ=no_dir) == []

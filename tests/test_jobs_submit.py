@@ -110,3 +110,14 @@ def test_ray_job_submit_runs_the_generate_entry_point(ray_head, tmp_path):
     rows = pads.dataset(str(out / "candidates"), format="parquet").to_table().to_pylist()
     assert sorted(r["prompt_id"] for r in rows) == ["demo-000", "demo-001", "demo-002"]
     assert all(len(r["candidates"]) == 4 and r["best_text"] is not None for r in rows)
+
+    # A relative output.path would be written inside Ray's unpacked copy of the working directory: refused (exit 2)
+    relative = subprocess.run(
+        [RAY, "job", "submit", "--address", url, "--working-dir", ".", "--",
+         "python", "-m", "jobs.generate", "configs/quickstart.yaml", "--set", "output.path=runs/submitted"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )
+    text = relative.stdout + relative.stderr
+    assert relative.returncode != 0, text[-4000:]
+    assert "output.path: 'runs/submitted' is inside Ray's copy of this job's working directory" in text, text[-4000:]
+    assert "--allow-working-dir-paths" in text
