@@ -17,10 +17,12 @@ import torch
 from schemas.config import JobConfig
 from schemas.rows import error_row, prompt_problem
 from workers.cost import Meter
+from workers.engine import kv_bytes_per_token
 from workers.loading import context_length, load_causal_lm, load_reward_model, pick_device
 from workers.methods import get_method
 from workers.methods.common import Context, PoolSampler, PromptInput
 from workers.methods.measures import add_measures
+from workers.methods.rejection import host_available_bytes
 from workers.rewards import LexicalScorer, LogprobScorer, PythonScorer, RewardModelScorer, render
 from workers.sampling import Warp, prompt_key
 
@@ -43,7 +45,36 @@ def eos_token_ids(model, tokenizer) -> list[int]:
     return sorted(ids)
 
 
+MEMORY_FRACTION = 0.8  # of the device's free memory at the start of a batch, for its sequences
+
+
+class BatchTooLarge(RuntimeError):
+    """One prompt's sequences cannot fit in the worker's memory (the job fails with this message)."""
+
+
+def batch_memory_need(rows: int, prompt_tokens: int, new_tokens: int, kv_bytes_per_token: int, vocab: int) -> int:
+    """Peak bytes of `rows` sequences of one prompt, an upper estimate: their KV cache at full length, twice (the
+    cache grows by concatenation, so the old and the new copy coexist for a step), their token buffer (int64), and
+    three float32 [rows, vocab] tensors per step (logits, warped logits, probabilities)."""
+    length = prompt_tokens + new_tokens
+    return rows * (2 * length * kv_bytes_per_token + 8 * length + 3 * 4 * vocab)
+
+
+def free_memory_bytes(device: torch.device) -> int:
+    """Free memory of the device: on CUDA the driver's free memory plus what torch's caching allocator holds unused,
+    on CPU the host's MemAvailable."""
+    if device.type == "cuda":
+        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return int(torch.cuda.mem_get_info(device)[0]) + int(cached)
+    free = host_available_bytes()
+    if free is None:
+        raise RuntimeError("cannot read the host's available memory (/proc/meminfo, sysconf) to size a batch")
+    return free
+
+
 class Runner:
+    memory_budget: int | None = None  # bytes for a batch's sequences; None: MEMORY_FRACTION of the free memory
+
     def __init__(self, config: JobConfig):
         self.config = config
         m = config.models
@@ -119,14 +150,56 @@ class Runner:
         return Context(self.target, self.tokenizer, self.draft, self.reward, meter, self.warp, self.config.seed,
                        self.eos_ids, self.pad_id, PoolSampler(g.sampler, g.gamma))
 
+    def memory_need(self, prompt: PromptInput) -> int:
+        """Bytes one prompt's sequences may take at their peak (`batch_memory_need`)."""
+        params = self.config.method
+        rows = getattr(params, "n", None) or getattr(params, "num_beams", None) or 1
+        # Speculative Rejection's memory schedule rejects candidates once their cache reaches its own budget: only
+        # the start (prompt + one token per candidate) must fit whole.
+        grows = not (self.config.method.name == "speculative_rejection" and params.schedule == "memory")
+        kv = kv_bytes_per_token(self.target) + (kv_bytes_per_token(self.draft) if self.draft is not None else 0)
+        vocab = self.target.get_output_embeddings().weight.shape[0]
+        return batch_memory_need(rows, len(prompt.ids), prompt.limit if grows else 1, kv, vocab)
+
+    def memory_groups(self, ready: list[tuple[int, PromptInput]]) -> list[list[tuple[int, PromptInput]]]:
+        """The batch's prompts in consecutive groups that each fit in the memory free now (`free_memory_bytes` x
+        MEMORY_FRACTION); the whole batch when it fits. A prompt that cannot fit alone raises `BatchTooLarge`
+        before anything is allocated for it. Splitting changes no sampled token (draws are keyed per prompt and
+        candidate, `workers.sampling`), only how the batch is timed."""
+        budget = self.memory_budget if self.memory_budget is not None else int(
+            free_memory_bytes(self.device) * MEMORY_FRACTION)
+        groups: list[list[tuple[int, PromptInput]]] = []
+        used = budget + 1
+        for item in ready:
+            need = self.memory_need(item[1])
+            if need > budget:
+                raise BatchTooLarge(
+                    f"prompt {item[1].prompt_id!r}: {self.config.method.name} would hold about {need / 2**30:.1f} GiB "
+                    f"(its sequences' KV cache and logits, {len(item[1].ids)} prompt tokens + up to "
+                    f"{item[1].limit} new) but this worker has {budget / 2**30:.1f} GiB to give "
+                    f"({MEMORY_FRACTION:.0%} of the free {self.device.type} memory); lower method.n (or num_beams) or "
+                    "generation.max_new_tokens, or run on a device with more memory"
+                )
+            if used + need > budget:
+                groups.append([])
+                used = 0
+            groups[-1].append(item)
+            used += need
+        return groups
+
     @torch.inference_mode()
     def run(self, items: list[dict]) -> list[dict]:
-        """One output row per input prompt, in order (error rows for prompts that cannot run)."""
+        """One output row per input prompt, in order (error rows for prompts that cannot run). Prompts are decoded
+        together, in as many groups as memory requires (`memory_groups`)."""
         started = time.perf_counter()
         ready, errors = self.prepare(items)
         out: list[dict | None] = [errors.get(i) for i in range(len(items))]
-        if not ready:
-            return out
+        for group in self.memory_groups(ready) if ready else []:
+            self._run_group(group, out, started)
+            started = time.perf_counter()
+        return out
+
+    def _run_group(self, ready: list[tuple[int, PromptInput]], out: list[dict | None], started: float) -> None:
         meter = Meter(len(ready))
         meter.started = started
         ctx = self.context_for(meter)
@@ -156,4 +229,3 @@ class Runner:
                 "stats": {"prompt_tokens": len(p.ids), **res.stats, **reward_stats(g)},
                 "error": None,
             }
-        return out

@@ -1,0 +1,64 @@
+"""The memory guard of a batch (workers/runner.py): a batch that would not fit is decoded in groups that do, with the
+same tokens; one prompt that cannot fit alone fails the batch with a message before anything is allocated."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import job_config, winnow, write_config
+from tests.trio_helpers import config, demo_items
+from workers.runner import BatchTooLarge, Runner, batch_memory_need
+
+
+def comparable(rows: list[dict]) -> list:
+    """What a split must not change: the sampled texts (exactly) and their rewards (up to float noise: the reward
+    model scores other batch shapes)."""
+    return [(r["prompt_id"], r["best_index"], [(c["text"], pytest.approx(c["reward"], abs=1e-5))
+                                               for c in r["candidates"]]) for r in rows]
+
+
+def test_the_estimate_for_a_7b_llama_shape():
+    kv = 2 * 32 * 32 * 128 * 2  # K and V x 32 layers x 32 KV heads x head dim 128 x bfloat16: 512 KiB a token
+    need = batch_memory_need(rows=64, prompt_tokens=512, new_tokens=512, kv_bytes_per_token=kv, vocab=32000)
+    assert need == 64 * (2 * 1024 * kv + 8 * 1024 + 12 * 32000)
+    assert 64 < need / 2**30 < 66  # 64 candidates of 1k tokens: 64 GiB of cache at its peak, more than one H100
+
+
+def test_a_batch_too_large_for_memory_is_split_with_identical_results():
+    cfg = config(method={"name": "best_of_n", "n": 6}, generation={"max_new_tokens": 12},
+                 resources={"prompts_per_batch": 3})
+    items = demo_items(3)
+    whole = Runner(cfg)
+    assert len(whole.memory_groups(whole.prepare(items)[0])) == 1  # it fits this machine as one batch
+    expected = whole.run(items)
+    split = Runner(cfg)
+    ready, _ = split.prepare(items)
+    split.memory_budget = max(split.memory_need(p) for _, p in ready) + 1  # room for one prompt at a time
+    assert [len(g) for g in split.memory_groups(ready)] == [1, 1, 1]
+    got = split.run(items)
+    assert comparable(got) == comparable(expected)
+    assert all(r["cost"]["target_tokens"] > 0 for r in got)
+
+
+def test_a_prompt_that_cannot_fit_alone_is_refused_before_it_allocates():
+    runner = Runner(config(method={"name": "best_of_n", "n": 65536}, generation={"max_new_tokens": 64}))
+    ready, _ = runner.prepare(demo_items(1))
+    runner.memory_budget = runner.memory_need(ready[0][1]) - 1
+    with pytest.raises(BatchTooLarge) as err:
+        runner.run(demo_items(1))
+    message = str(err.value)
+    assert message.startswith(f"prompt {ready[0][1].prompt_id!r}: best_of_n would hold about ")
+    assert "lower method.n (or num_beams) or generation.max_new_tokens" in message
+
+
+@pytest.mark.slow
+def test_best_of_n_at_the_schema_maximum_fails_loudly_instead_of_exhausting_the_machine(tmp_path):
+    cfg = write_config(tmp_path / "job.yaml", job_config(
+        tmp_path, data={"limit": 1}, method={"name": "best_of_n", "n": 65536}, generation={"max_new_tokens": 1024}))
+    out = winnow("generate", str(cfg))
+    assert out.returncode == 1, out.stderr[-3000:]
+    assert "best_of_n would hold about" in out.stderr and "GiB" in out.stderr, out.stderr[-3000:]
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["status"] == "failed" and "best_of_n would hold about" in manifest["error"]
