@@ -56,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
         if lease.lost:
             print(f"{PROG}: warning: {lease.lost}; another run may have written {plan.folder.uri} meanwhile",
                   file=sys.stderr)
+        if lease.release_problem:
+            print(f"{PROG}: warning: {lease.release_problem}", file=sys.stderr)
 
 
 def _interrupt(signum, frame):

@@ -153,6 +153,7 @@ class Lease:
         self.taken_over: Holder | None = None
         self.created_folder = False
         self.lost: str | None = None  # why the lease was lost while held (object stores), else None
+        self.release_problem: str | None = None  # why `release` could not delete the lease (object stores)
         self._fd: int | None = None
         self._etag: str | None = None
         self._stop = threading.Event()
@@ -294,5 +295,6 @@ class Lease:
                 holder = Holder.decode(self.fs.cat_file(self.path))
                 if holder is not None and holder.token == self.holder.token:
                     self.fs.rm_file(self.path)
-            except OSError:
-                pass  # the store is unreachable: the lease expires after ttl_s on its own
+            except OSError as err:  # the store is unreachable: the lease expires after ttl_s on its own
+                self.release_problem = (f"could not delete the lease {self.where} ({err}); it expires "
+                                        f"{self.ttl_s:g} s after its last heartbeat")
