@@ -13,6 +13,11 @@ Every row of the source becomes exactly one normalised row (`INPUT_SCHEMA`), in 
 
 Problems with the source itself (absent, unreadable, a column that does not exist or has the wrong type) raise
 `schemas.base.InputError` naming the field and the path, before anything is written.
+
+Two ways to the same rows: `write_prompts` writes them as Parquet files with Ray Data, numbering rows and finding
+duplicate ids in Ray tasks, so the driver's memory stays flat however many prompts there are (the job's way);
+`load_prompts` gathers them into one table on the driver (small sets; the reference `write_prompts` is tested
+against).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import posixpath
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +38,13 @@ from schemas.base import InputError
 from schemas.config import DataConfig, JobConfig
 from schemas.rows import MESSAGE, prompt_problem
 from stores.filesystems import filesystem
+
+# Ray Data warns when an operator capped at N tasks at once gets fewer than N blocks (a small source, read as one
+# block): a hint to split the input, which is no use for these cheap operators. Only this module's are silenced.
+warnings.filterwarnings(
+    "ignore", message=r"The maximum number of concurrent tasks for '[^']*(normalise_batch|_apply_fix_refs)",
+    category=UserWarning,
+)
 
 # file extension -> Ray Data reader
 FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
@@ -93,7 +106,7 @@ def resolve_source(spec: str) -> Source:
             return Source(spec, FORMATS[ext], [_with_protocol(fs, root)], fs)
         if not fs.isdir(root):
             raise InputError(f"data.source: {spec}: no such file or folder")
-        names = set(posixpath.basename(p) for p in fs.ls(root, detail=False))
+        names = {posixpath.basename(p) for p in fs.ls(root, detail=False)}
         if "dataset_dict.json" in names:
             raise InputError(
                 f"data.source: {spec}: a datasets DatasetDict with several splits; point data.source at one "
@@ -361,38 +374,68 @@ def assign_unique_ids(table: pa.Table) -> pa.Table:
     return table.set_column(table.schema.get_field_index("source_row"), "source_row", rows)
 
 
+# preserve_order: "the first N rows" and "the first occurrence" follow the source's order. The V1 Parquet reader, as
+# in `pipeline.job.run`: the V2 one adds a file-listing task that asks for a whole CPU (and took 15 s to read three
+# small files on a loaded 2-core machine, against 0.4 s for V1).
+READ_CONTEXT = {"preserve_order": True, "use_datasource_v2": False}
+
+
+def _concepts_column(config: JobConfig) -> str | None:
+    reward = config.models.reward
+    return reward.concepts_column if reward is not None and reward.kind == "lexical" else None
+
+
+def normalised_dataset(config: JobConfig, source: Source):
+    """`source` read, checked against the config's columns, cut to `data.limit` and normalised: a lazy Ray Dataset of
+    `INPUT_SCHEMA` rows (``source_row`` still -1), one per source row, in source order when it runs under
+    ``data_context(**READ_CONTEXT)``. Raises InputError for a missing column or a source without rows, or for a
+    file the reader cannot parse when that shows while reading the schema (else it shows when the dataset runs:
+    catch READ_ERRORS there and raise `unreadable`)."""
+    import ray.data
+
+    try:
+        ds = read_source(source)  # Parquet footers are read here, on the driver
+        schema = ds.schema(fetch_if_missing=True)
+    except READ_ERRORS as err:  # the reader's own error (ArrowInvalid, JSONDecodeError...), re-raised by Ray
+        raise unreadable(source, err) from None
+    if schema is None:
+        raise InputError(f"data.source: {source.spec}: holds no rows")
+    arrow_schema = schema.base_schema if hasattr(schema, "base_schema") else schema
+    if not isinstance(arrow_schema, pa.Schema):
+        arrow_schema = pa.schema(list(zip(schema.names, schema.types)))
+    problems = column_problems(arrow_schema, config, source.spec)
+    if problems:
+        raise InputError(problems)
+    if config.data.limit is not None:
+        ds = ds.limit(config.data.limit)
+    return ds.map_batches(
+        normalise_batch,
+        fn_kwargs={"data": config.data, "concepts_column": _concepts_column(config)},
+        batch_format="pyarrow",
+        num_cpus=0,  # cheap; must not wait behind actors holding every CPU of a small cluster
+        # ... but a task asking for no CPU is not held back by the CPUs either: without a cap Ray Data ran 12-15 of
+        # these at once on a 2-CPU machine, each in a worker process of its own
+        compute=ray.data.TaskPoolStrategy(size=cluster_cpus()),
+    )
+
+
+def cluster_cpus() -> int:
+    """The CPUs of the Ray cluster (at least 1): how many of this module's CPU-less tasks run at once, at most."""
+    import ray
+
+    return max(1, int(ray.cluster_resources().get("CPU", 1)))
+
+
 def load_prompts(config: JobConfig) -> pa.Table:
-    """Read `data.source` with Ray Data, keep the first `data.limit` rows, normalise them: an `INPUT_SCHEMA` table.
+    """Read `data.source` with Ray Data, keep the first `data.limit` rows, normalise them: an `INPUT_SCHEMA` table,
+    gathered on the driver (so the prompt set must fit in its memory; `write_prompts` does the same without
+    gathering it, and this function is its reference).
 
     Needs a connected Ray. Raises InputError for a source that is absent, unreadable, or lacks a named column.
     """
     source = resolve_source(config.data.source)
-    reward = config.models.reward
-    concepts_column = reward.concepts_column if reward is not None and reward.kind == "lexical" else None
-
-    # preserve_order: "the first N rows" and "the first occurrence" follow the source's order.
-    with data_context(preserve_order=True):
-        try:
-            ds = read_source(source)  # Parquet footers are read here, on the driver
-            schema = ds.schema(fetch_if_missing=True)
-        except READ_ERRORS as err:  # the reader's own error (ArrowInvalid, JSONDecodeError...), re-raised by Ray
-            raise unreadable(source, err) from None
-        if schema is None:
-            raise InputError(f"data.source: {source.spec}: holds no rows")
-        arrow_schema = schema.base_schema if hasattr(schema, "base_schema") else schema
-        if not isinstance(arrow_schema, pa.Schema):
-            arrow_schema = pa.schema(list(zip(schema.names, schema.types)))
-        problems = column_problems(arrow_schema, config, source.spec)
-        if problems:
-            raise InputError(problems)
-        if config.data.limit is not None:
-            ds = ds.limit(config.data.limit)
-        ds = ds.map_batches(
-            normalise_batch,
-            fn_kwargs={"data": config.data, "concepts_column": concepts_column},
-            batch_format="pyarrow",
-            num_cpus=0,  # cheap; must not wait behind actors holding every CPU of a small cluster
-        )
+    with data_context(**READ_CONTEXT):
+        ds = normalised_dataset(config, source)
         try:
             parts = [b for b in ds.iter_batches(batch_format="pyarrow", batch_size=None)]
         except READ_ERRORS as err:
@@ -401,3 +444,238 @@ def load_prompts(config: JobConfig) -> pa.Table:
     if table.num_rows == 0:
         raise InputError(f"data.source: {source.spec}: holds no rows")
     return assign_unique_ids(table)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The prompt set at scale: normalised, numbered, made unique and written by Ray tasks; the driver holds object
+# references and per-block row counts, never rows.
+#
+#   read -> limit -> normalise_batch            (Ray Data, in source order; materialized: object store, spills)
+#   -> blocks grouped into chunks of consecutive blocks; each chunk's first source_row is the sum of the row counts
+#      before it (the counts come from one small task per block)
+#   -> number_and_scatter, per chunk           (sets source_row; one record per row, hash-partitioned by id)
+#   -> find_duplicates, per partition          (the fixes: new id of every later occurrence, and its first row)
+#   -> apply_fixes, write_parquet               (Ray Data over the numbered chunks, in source order)
+#
+# Why `assign_unique_ids` can be computed per id: the k-th later occurrence of an id X gets ``X#dup<j>`` with j the
+# k-th positive integer such that ``X#dup<j>`` is not an id of the source. Ids made for another id Y never collide
+# with X's (``#dup`` followed by digits up to the end splits a string in one way only), and X's own grow with k. So
+# a partition needs only X's occurrences (their source_rows) and the source ids of the form ``X#dup<j>`` (their j);
+# both are sent to X's partition.
+
+CHUNK_ROWS = 100_000  # rows per chunk (and so per written file), at least
+ROWS_PER_PARTITION = 1_000_000  # duplicate-finding records per hash partition, at most (roughly 50 bytes each)
+RECORDS_PER_PART = 10_000  # records per chunk and partition, at least: Ray keeps results under 100 KB in the
+# memory of the process that asked for them (here the driver), so parts are kept well above that size
+
+_DUP_ID = r"(?s)^(?P<base>.*)#dup(?P<k>[1-9][0-9]{0,17})$"  # an id of the form X#dup<j> (j < 10**18)
+
+RECORDS = pa.schema([("key", pa.string()), ("k", pa.int64()), ("row", pa.int64())])
+FIXES = pa.schema([("row", pa.int64()), ("prompt_id", pa.string()), ("first", pa.int64())])
+
+
+def write_prompts(config: JobConfig, dest: str, filesystem=None, *, chunk_rows: int | None = None,
+                  partitions: int | None = None) -> int:
+    """Read, normalise and write the prompt set as Parquet files under the folder `dest`; the number of rows.
+
+    The rows are `load_prompts`'s, row for row (sorted by ``source_row``; the files also hold them in source order):
+    the first `data.limit` rows in source order, numbered, each later duplicate id given its ``#dup<k>`` suffix and
+    error. Nothing of the set is gathered on the driver: it is materialized in Ray's object store (which spills to
+    disk) and moved between Ray tasks, so the driver's memory does not grow with the prompt set.
+
+    `dest` is a folder as Ray Data takes it (a local absolute path or a URL); `filesystem` a pyarrow filesystem for
+    it, or None for a local path. `chunk_rows` (at least this many rows per chunk of consecutive blocks, and so per
+    written file; by default `CHUNK_ROWS`, more with many partitions) and `partitions` (hash partitions for finding
+    duplicates; by default one per million rows, at least one per CPU) are for tests and tuning. Apart from Ray
+    Data's read tasks (as in `load_prompts`), every task asks for no CPU, so none waits behind actors holding every
+    CPU of a small cluster, and at most one per CPU of the cluster runs at a time.
+
+    Needs a connected Ray. Raises InputError, as `load_prompts` does, for a source that is absent, unreadable
+    (naming the file and line when the driver can find it), lacks a named column or holds no rows; these are all
+    found while reading, before anything is written under `dest`. Any error while writing leaves whatever was
+    written so far under `dest`: removing it is the caller's job (write to a temporary folder, rename when done).
+    """
+    import ray
+    import ray.data
+
+    source = resolve_source(config.data.source)
+    width = cluster_cpus()  # tasks running at once, at most
+    remote = {"num_cpus": 0}
+    with data_context(**READ_CONTEXT):
+        ds = normalised_dataset(config, source)
+        try:
+            materialized = ds.materialize()
+        except READ_ERRORS as err:
+            raise unreadable(source, err) from None
+        blocks = materialized.to_arrow_refs()
+        del materialized, ds  # the refs keep the blocks; each is dropped once its chunk is numbered
+        count = ray.remote(_num_rows).options(**remote)
+        counts = ray.get(_bounded([(count, (b,)) for b in blocks], width))
+        total = sum(counts)
+        if total == 0:
+            raise InputError(f"data.source: {source.spec}: holds no rows")
+
+        parts_n = partitions or min(256, max(width, -(-total // ROWS_PER_PARTITION)))
+        chunks = chunk_plan(counts, chunk_rows or max(CHUNK_ROWS, RECORDS_PER_PART * parts_n))
+        scatter = ray.remote(number_and_scatter).options(num_returns=parts_n + 1, **remote)
+        calls = [(scatter, (start, parts_n, *blocks[a:b])) for start, a, b in chunks]
+        del blocks
+        outs = _bounded(calls, width)
+        del calls
+        numbered = [o[0] for o in outs]
+        find = ray.remote(find_duplicates).options(num_returns=2, **remote)
+        found = _bounded([(find, tuple(o[1 + p] for o in outs)) for p in range(parts_n)], width)
+        del outs
+        sizes = ray.get([n for n, _ in found])
+        fixes = [f for (_, f), size in zip(found, sizes) if size]
+
+        width = min(width, len(numbered))
+        out = ray.data.from_arrow_refs(numbered)
+        del numbered
+        if fixes:
+            out = out.map_batches(_apply_fix_refs, fn_kwargs={"fixes": fixes}, batch_format="pyarrow",
+                                  batch_size=None, num_cpus=0, compute=ray.data.TaskPoolStrategy(size=width))
+        out.write_parquet(dest, filesystem=filesystem, ray_remote_args=remote, concurrency=width)
+    return total
+
+
+def _bounded(calls: list, limit: int) -> list:
+    """Submit each (remote_function, args) with at most `limit` of them unfinished at any time (their tasks ask
+    for no CPU, so Ray itself would start them all at once); the results' ObjectRefs, in order."""
+    import ray
+
+    results, running = [], []
+    for fn, args in calls:
+        if len(running) >= limit:
+            _, running = ray.wait(running, num_returns=1, fetch_local=False)
+        refs = fn.remote(*args)
+        results.append(refs)
+        running.append(refs[0] if isinstance(refs, list) else refs)
+    return results
+
+
+def _num_rows(block: pa.Table) -> int:
+    return block.num_rows
+
+
+def chunk_plan(counts: list[int], rows: int) -> list[tuple[int, int, int]]:
+    """Consecutive blocks grouped into chunks of at least `rows` rows (the last may have fewer): (first source_row,
+    first block, end block) each; empty blocks are left out."""
+    out, start, first, size = [], 0, 0, 0
+    for i, n in enumerate(counts):
+        if size == 0:
+            first = i
+        size += n
+        if size >= rows:
+            out.append((start, first, i + 1))
+            start, size = start + size, 0
+    if size:
+        out.append((start, first, len(counts)))
+    return out
+
+
+def number_and_scatter(start: int, partitions: int, *blocks: pa.Table) -> list[pa.Table]:
+    """One chunk of normalised rows: the chunk with ``source_row`` set (its first row is `start`), then, per hash
+    partition, the records of its ids: (id, null, source_row) for each row, and (X, j, source_row) for each id
+    of the form ``X#dup<j>``, sent to X's partition."""
+    import zlib
+
+    import numpy as np
+    import pyarrow.compute as pc
+
+    table = pa.concat_tables([b for b in blocks if b.num_rows]).cast(INPUT_SCHEMA)
+    rows = pa.array(np.arange(start, start + table.num_rows, dtype=np.int64))
+    table = table.set_column(table.schema.get_field_index("source_row"), "source_row", rows)
+    ids = table.column("prompt_id").combine_chunks()
+    dup = pc.extract_regex(ids, _DUP_ID)
+    has = pc.is_valid(dup)
+    records = pa.concat_tables([
+        pa.table([ids, pa.nulls(len(ids), pa.int64()), rows], schema=RECORDS),
+        pa.table([pc.filter(pc.struct_field(dup, "base"), has),
+                  pc.filter(pc.struct_field(dup, "k"), has).cast(pa.int64()),
+                  pc.filter(rows, has)], schema=RECORDS),
+    ])
+    # a stable hash (the same in every process, unlike hash()) of the key picks the partition
+    part = np.fromiter((zlib.crc32(k.encode()) % partitions for k in records.column("key").to_pylist()),
+                       dtype=np.int64, count=records.num_rows)
+    order = np.argsort(part, kind="stable")
+    bounds = np.searchsorted(part[order], np.arange(partitions + 1))
+    records = records.take(pa.array(order))
+    return [table] + [records.slice(bounds[p], bounds[p + 1] - bounds[p]) for p in range(partitions)]
+
+
+def find_duplicates(*parts: pa.Table) -> tuple[int, pa.Table]:
+    """The records of one hash partition -> how many fixes, and the fixes sorted by row: for each later occurrence
+    of an id, its source_row, its new prompt_id and the source_row of the id's first occurrence (as
+    `assign_unique_ids`)."""
+    import pyarrow.compute as pc
+
+    records = pa.concat_tables(parts) if parts else RECORDS.empty_table()
+    seen = records.filter(pc.is_null(records.column("k")))
+    counts = seen.group_by("key").aggregate([("row", "count")])
+    repeated = counts.filter(pc.greater(counts.column("row_count"), 1)).column("key")
+    if len(repeated) == 0:
+        return 0, FIXES.empty_table()
+    seen = seen.filter(pc.is_in(seen.column("key"), value_set=repeated))
+    seen = seen.sort_by([("key", "ascending"), ("row", "ascending")])
+    marks = records.filter(pc.and_(pc.is_valid(records.column("k")),
+                                   pc.is_in(records.column("key"), value_set=repeated)))
+    taken: dict[str, set[int]] = {}
+    for key, k in zip(marks.column("key").to_pylist(), marks.column("k").to_pylist()):
+        taken.setdefault(key, set()).add(k)
+    out_rows, out_ids, out_first = [], [], []
+    previous, first, k = None, -1, 0
+    for key, row in zip(seen.column("key").to_pylist(), seen.column("row").to_pylist()):
+        if key != previous:
+            previous, first, k = key, row, 0
+            continue
+        used = taken.get(key, ())
+        k += 1
+        while k in used:
+            k += 1
+        out_rows.append(row)
+        out_ids.append(f"{key}#dup{k}")
+        out_first.append(first)
+    fixes = pa.table([pa.array(out_rows, pa.int64()), pa.array(out_ids, pa.string()),
+                      pa.array(out_first, pa.int64())], schema=FIXES)
+    return fixes.num_rows, fixes.sort_by("row")
+
+
+def _apply_fix_refs(batch: pa.Table, fixes: list) -> pa.Table:
+    """`apply_fixes` for Ray Data: `fixes` are ObjectRefs of `find_duplicates` tables (read without copying)."""
+    import ray
+
+    return apply_fixes(batch, ray.get(fixes))
+
+
+def apply_fixes(batch: pa.Table, fixes: list[pa.Table]) -> pa.Table:
+    """Numbered rows with the duplicate fixes of their rows applied (`fixes`: `find_duplicates` tables, each sorted
+    by row; rows of other batches are ignored): the new prompt_id, and the duplicate error unless the row has its
+    own, as `assign_unique_ids` words it."""
+    import numpy as np
+
+    rows = batch.column("source_row").to_numpy()
+    ids = errors = None
+    for fix in fixes:
+        fix_rows = fix.column("row").to_numpy()
+        if not len(fix_rows):
+            continue
+        at = np.searchsorted(fix_rows, rows)
+        hit = np.flatnonzero((at < len(fix_rows)) & (fix_rows[np.minimum(at, len(fix_rows) - 1)] == rows))
+        if not len(hit):
+            continue
+        if ids is None:
+            ids = batch.column("prompt_id").to_pylist()
+            errors = batch.column("input_error").to_pylist()
+        taken = pa.array(at[hit])
+        new_ids = fix.column("prompt_id").take(taken).to_pylist()
+        firsts = fix.column("first").take(taken).to_pylist()
+        for i, new, first in zip(hit.tolist(), new_ids, firsts):
+            if errors[i] is None:
+                errors[i] = f"duplicate prompt_id {ids[i]!r}: first seen at row {first}; only that one runs"
+            ids[i] = new
+    if ids is None:
+        return batch
+    batch = batch.set_column(batch.schema.get_field_index("prompt_id"), "prompt_id", pa.array(ids, pa.string()))
+    return batch.set_column(batch.schema.get_field_index("input_error"), "input_error",
+                            pa.array(errors, pa.string()))

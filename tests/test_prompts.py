@@ -3,23 +3,29 @@
 from __future__ import annotations
 
 import json
+import random
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
 from conftest import job_config, write_jsonl
-from schemas.base import InputError
+
 from pipeline.prompts import (
     INPUT_SCHEMA,
+    apply_fixes,
     assign_unique_ids,
+    chunk_plan,
     column_problems,
+    find_duplicates,
     load_prompts,
     normalise_prompt,
     normalise_row,
+    number_and_scatter,
     prompt_hash,
     resolve_source,
+    write_prompts,
 )
+from schemas.base import InputError
 from schemas.config import DataConfig, validate_config
 
 ROWS = [{"id": f"q{i}", "prompt": f"Write about item {i}.", "concepts": ["dog", f"w{i}"]} for i in range(6)]
@@ -100,6 +106,33 @@ def test_duplicates_keep_the_first_and_become_error_rows_with_distinct_ids():
     assert errors[2] == "duplicate prompt_id 'a': first seen at row 0; only that one runs"
     assert errors[4] == "empty prompt"  # a row's own error is kept; its id is still made unique
     assert out.column("source_row").to_pylist() == [0, 1, 2, 3, 4]
+
+
+def test_chunks_are_consecutive_blocks_numbered_from_the_rows_before_them():
+    assert chunk_plan([3, 0, 4, 1, 5, 0], 4) == [(0, 0, 3), (7, 3, 5)]  # 3+0+4 rows, then 1+5(+0)
+    assert chunk_plan([0, 2, 0], 1) == [(0, 1, 2)]  # empty blocks starting a chunk are left out
+    assert chunk_plan([], 4) == []
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_duplicates_found_by_partition_match_assign_unique_ids(seed):
+    """The scattered algorithm of write_prompts, without Ray: random ids (suffix-like ones among them), random
+    blocks (some empty), chunks and partitions give assign_unique_ids's table row for row."""
+    rng = random.Random(seed)
+    pool = ["a", "b", "a#dup1", "a#dup2", "a#dup1#dup1", "b#dup01", "c#dup", "<no id>", "x#dup3", "7", "7#dup1",
+            "a#dup99999999999999999999"]
+    n = rng.randint(1, 50)
+    ids = [rng.choice(pool) for _ in range(n)]
+    table = _table(ids, [rng.choice([None, None, "empty prompt"]) for _ in range(n)])
+    cuts = sorted(rng.choices(range(n + 1), k=rng.randint(0, 6)))
+    blocks = [table.slice(a, b - a) for a, b in zip([0, *cuts], [*cuts, n])]
+    partitions = rng.randint(1, 4)
+    plan = chunk_plan([b.num_rows for b in blocks], rng.randint(1, 12))
+    outs = [number_and_scatter(start, partitions, *blocks[a:b]) for start, a, b in plan]
+    found = [find_duplicates(*(out[1 + p] for out in outs)) for p in range(partitions)]
+    assert sum(count for count, _ in found) == len(ids) - len(set(ids))
+    got = pa.concat_tables([apply_fixes(out[0], [fixes for _, fixes in found]) for out in outs])
+    assert got.equals(assign_unique_ids(table))
 
 
 # -- resolving data.source (no Ray) -----------------------------------------------------------------------------
@@ -238,8 +271,8 @@ def test_a_malformed_jsonl_line_is_named_by_file_and_line(ray_session, tmp_path)
                                     '{"id": "b3", "prompt": ]\n{"id": "b4", "prompt": "z"}\n')
     with pytest.raises(InputError) as err:
         load_prompts(config_for(tmp_path, folder))
-    assert err.value.problems == [f"data.source: {folder / 'b.jsonl'}: line 4 is not valid JSON "
-                                  "(Expecting value, column 24)"]
+    assert err.value.problems == [(f"data.source: {folder / 'b.jsonl'}: line 4 is not valid JSON "
+                                   "(Expecting value, column 24)")]
 
 
 def test_a_truncated_parquet_source_is_bad_input_naming_the_file(ray_session, tmp_path):
@@ -287,3 +320,111 @@ def test_only_the_readers_errors_are_bad_input_not_rays_own():
     with pytest.raises(ray.exceptions.GetTimeoutError):
         raise_if_not_input(timeout)
     assert not isinstance(ray.exceptions.ActorDiedError(), READ_ERRORS)
+
+
+# -- the prompt set written by Ray tasks (write_prompts), against load_prompts as the reference ----------------------
+
+DUPLICATED = [
+    {"id": "a", "prompt": "first a"},
+    {"id": "e", "prompt": " "},  # an error row, and the first occurrence of 'e'
+    {"id": "a", "prompt": "second a"},
+    {"id": "b", "prompt": "first b"},
+    {"id": "a#dup1", "prompt": "an id of the source that looks like a suffix"},
+    {"id": "e", "prompt": "a runnable duplicate of an error row"},
+    {"id": "a", "prompt": "third a"},
+    {"id": None, "prompt": "no id"},
+    {"id": None, "prompt": "no id again"},
+    {"id": "b", "prompt": "second b"},
+    {"id": "c", "prompt": None},
+    {"id": "a", "prompt": "fourth a"},
+]
+
+
+def _written(cfg, dest, **kwargs) -> pa.Table:
+    """write_prompts into `dest`, read back; checks the count and that the files hold the rows in source order."""
+    n = write_prompts(cfg, str(dest), None, **kwargs)
+    table = pq.read_table(dest)  # the files in name order
+    assert n == table.num_rows
+    assert table.column("source_row").to_pylist() == list(range(n))
+    return table.cast(INPUT_SCHEMA)
+
+
+def _parts(folder, rows, per_file):
+    folder.mkdir()
+    for k in range(0, len(rows), per_file):  # one Ray Data block per file at least
+        write_jsonl(folder / f"part-{k // per_file:02d}.jsonl", rows[k: k + per_file])
+    return folder
+
+
+@pytest.mark.parametrize("limit", [None, 7])
+def test_written_prompts_equal_the_gathered_ones_string_ids(ray_session, tmp_path, limit):
+    cfg = config_for(tmp_path, _parts(tmp_path / "src", DUPLICATED, 3), limit=limit)
+    expected = load_prompts(cfg)
+    assert _written(cfg, tmp_path / "many", chunk_rows=2, partitions=3).equals(expected)
+    if limit is None:
+        assert _written(cfg, tmp_path / "defaults").equals(expected)
+        ids = expected.column("prompt_id").to_pylist()
+        assert ids[2] == "a#dup2" and ids[6] == "a#dup3" and ids[5] == "e#dup1" and ids[8] == "<no id>#dup1"
+
+
+def test_written_prompts_equal_the_gathered_ones_int_ids(ray_session, tmp_path):
+    src = tmp_path / "pq"
+    src.mkdir()
+    rows = [{"id": i % 5, "prompt": f"prompt {i}"} for i in range(13)]
+    for k in range(0, 13, 4):
+        pq.write_table(pa.Table.from_pylist(rows[k: k + 4]), src / f"part-{k:02d}.parquet")
+    cfg = config_for(tmp_path, src)
+    expected = load_prompts(cfg)
+    assert expected.column("prompt_id").to_pylist()[10] == "0#dup2"
+    assert _written(cfg, tmp_path / "out", chunk_rows=3, partitions=2).equals(expected)
+
+
+def test_written_prompts_equal_the_gathered_ones_hashed_ids_chat_and_concepts(ray_session, tmp_path):
+    chat = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+    rows = [{"messages": chat, "words": ["a", "b"]}, {"messages": [{"role": "user", "content": "v"}], "words": None},
+            {"messages": chat, "words": ["c"]}, {"messages": None, "words": ["d"]}, {"messages": chat, "words": []},
+            {"messages": [{"role": "user", "content": "v"}], "words": ["e"]}]
+    src = _parts(tmp_path / "src", rows, 2)
+    cfg = validate_config(job_config(tmp_path, data={"source": str(src), "prompt_column": "messages",
+                                                     "id_column": None, "limit": None},
+                                     models={"reward": {"kind": "lexical", "concepts_column": "words"}}))
+    expected = load_prompts(cfg)
+    assert expected.column("prompt_id").to_pylist()[4] == prompt_hash(chat) + "#dup2"
+    assert _written(cfg, tmp_path / "out", chunk_rows=1, partitions=4).equals(expected)
+
+
+def _empty_parquet(tmp_path):
+    src = tmp_path / "empty.parquet"
+    pq.write_table(pa.table({"id": pa.array([], pa.string()), "prompt": pa.array([], pa.string())}), src)
+    return src
+
+
+def _bad_jsonl(tmp_path):
+    folder = _parts(tmp_path / "src", [{"id": "a", "prompt": "x"}] * 4, 2)
+    (folder / "part-02.jsonl").write_text('{"id": "b1", "prompt": "x"}\n{"id": "b3", "prompt": ]\n')
+    return folder
+
+
+def _truncated_parquet(tmp_path):
+    src = tmp_path / "t.parquet"
+    pq.write_table(pa.Table.from_pylist(ROWS), src)
+    src.write_bytes(src.read_bytes()[:200])
+    return src
+
+
+@pytest.mark.parametrize("make, problem", [
+    (_bad_jsonl, "data.source: {src}/part-02.jsonl: line 2 is not valid JSON (Expecting value, column 24)"),
+    (_truncated_parquet, "data.source: {src}: not a readable parquet file ("),
+    (lambda d: write_jsonl(d / "p.jsonl", [{"text": "a", "id": "1"}]),
+     "data.prompt_column: column 'prompt' is not in {src} (columns: text, id)"),
+    (_empty_parquet, "data.source: {src}: holds no rows"),
+])
+def test_bad_sources_are_input_errors_before_anything_is_written(ray_session, tmp_path, make, problem):
+    src = make(tmp_path)
+    cfg = config_for(tmp_path, src)
+    for read in (load_prompts, lambda c: write_prompts(c, str(tmp_path / "out"), None)):
+        with pytest.raises(InputError) as err:
+            read(cfg)
+        [got] = err.value.problems
+        assert got.startswith(problem.format(src=src))
+    assert not (tmp_path / "out").exists()
