@@ -174,7 +174,7 @@ def same_rows(stream_folder: Path, gather_file: Path) -> bool:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", type=int, nargs="+", default=[200_000, 2_000_000])
     p.add_argument("--gather-max", type=int, default=2_000_000,
@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.child:
         args.mode = args.child
         child(args)
-        return
+        return 0
 
     import ray
 
@@ -238,7 +238,8 @@ def main(argv: list[str] | None = None) -> None:
     print("\n" + "\n".join(lines))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
+import sys
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import job_config, write_jsonl
+from conftest import ROOT, job_config, write_jsonl
 
 from pipeline.prompts import (
     INPUT_SCHEMA,
@@ -428,3 +430,17 @@ def test_bad_sources_are_input_errors_before_anything_is_written(ray_session, tm
         [got] = err.value.problems
         assert got.startswith(problem.format(src=src))
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_the_scale_bench_prints_and_records_its_figures(tmp_path):
+    """bench/prompts_scale.py end to end on a tiny size (its own Ray; its figures are measured by hand)."""
+    out = tmp_path / "figures.json"
+    done = subprocess.run([sys.executable, "-m", "bench.prompts_scale", "--sizes", "3000", "--rows-per-file", "1000",
+                           "--json", str(out)], cwd=ROOT, capture_output=True, text=True, check=False, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Driver peak RSS increase" in done.stdout
+    figures = json.loads(out.read_text())
+    assert figures["stream 3000"]["rows"] == figures["gather 3000"]["rows"] == 3000
+    assert figures["gather 3000"]["same rows"] is True
+    assert figures["stream 3000"]["peak_mb"] >= 0 and figures["gather 3000"]["seconds"] > 0
