@@ -66,7 +66,6 @@ def _interrupt(signum, frame):
 
 def _run(plan, config) -> int:
     from pipeline import job
-    from pipeline.prompts import load_prompts
     from pipeline.raydata import short_error
 
     try:
@@ -79,14 +78,14 @@ def _run(plan, config) -> int:
         # finish and the lease is given back. Set after ray.init, whose core worker installs its own handler.
         signal.signal(signal.SIGTERM, _interrupt)
     try:
-        prompts = None if plan.reuses_prompts else load_prompts(config)
+        staged = None if plan.reuses_prompts else job.stage_prompts(plan)
     except InputError as err:
         return config_args.report(PROG, err)
     except Exception as err:  # not the source's fault (a dead Ray worker, a bug): a run-time failure, nothing written
         print(f"{PROG}: failed reading the prompts: {short_error(err)}", file=sys.stderr)
         return EXIT_RUNTIME
 
-    outcome = job.execute(plan, prompts, log=lambda line: print(f"{PROG}: {line}", flush=True))
+    outcome = job.execute(plan, staged, log=lambda line: print(f"{PROG}: {line}", flush=True))
     where = plan.folder.uri
     if outcome.status == "interrupted":
         print(f"{PROG}: interrupted; run the same command again to resume", file=sys.stderr)

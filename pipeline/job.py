@@ -2,15 +2,16 @@
 
 1. `check`: the model folders and the run folder (a folder holding another config's run is refused). Nothing is
    written; every problem raises `schemas.base.InputError` (exit 2).
-2. `connect` to Ray, then `pipeline.prompts.load_prompts` unless a resumed folder already holds prompts.parquet.
-   Still nothing written.
-3. `execute`: write manifest.json (status running) and prompts.parquet, finish the checkpoint commits an earlier
-   run left half done (`runfolder.folder.settle_checkpoints`), `run` the Ray Data pipeline, then count
-   what was written, check that every prompt is there exactly once and rewrite the manifest (succeeded or failed).
+2. `connect` to Ray, then `stage_prompts` unless a resumed folder already holds its prompt set: Ray tasks read,
+   normalise and write it beside the run folder (`pipeline.prompts.write_prompts`); a bad source exits 2 and the
+   staged files are removed. The run folder is still untouched.
+3. `execute`: write manifest.json (status running), move the prompt set into ``prompts/``, finish the checkpoint
+   commits an earlier run left half done (`runfolder.folder.settle_checkpoints`), `run` the Ray Data pipeline, then
+   count what was written, check that every prompt is there exactly once and rewrite the manifest (succeeded or failed).
 
 The pipeline (`run`) is
 
-    read_parquet(prompts.parquet) -> [CheckpointFilter] -> map_batches(GenerateBatch, actor pool) -> write_parquet
+    read_parquet(prompts/) -> [CheckpointFilter] -> map_batches(GenerateBatch, actor pool) -> write_parquet
 
 Each actor of the pool holds one `GenerateBatch`, which loads the draft/target/reward trio once
 (`workers.runner.Runner`) and turns each batch of prompts into output rows, one per prompt, in order; a prompt whose
@@ -35,6 +36,7 @@ import ray.data
 from ray.data.checkpoint import CheckpointConfig
 
 from pipeline.preflight import model_problems, resolved, working_dir_problems
+from pipeline.prompts import write_prompts
 from pipeline.raydata import data_context, short_error
 from runfolder.folder import (
     RunFolder,
@@ -87,20 +89,43 @@ def check(config: JobConfig, overwrite: bool, allow_working_dir: bool = False) -
     return Plan(config, folder, mode)
 
 
-def execute(plan: Plan, prompts: pa.Table | None, log: Callable[[str], None] = print) -> Outcome:
-    """Step 3: write, run and check. `prompts` is the normalised prompt set, or None when the folder's own
-    prompts.parquet is reused. Checkpoint commits that an earlier run left half done are settled first
+@dataclass
+class StagedPrompts:
+    """A whole normalised prompt set written beside the run folder (`stage_prompts`), not yet moved into it."""
+
+    path: str  # in the folder's filesystem
+    rows: int
+
+
+def stage_prompts(plan: Plan) -> StagedPrompts:
+    """Step 2: read, normalise and write the prompt set with Ray tasks (`pipeline.prompts.write_prompts`: the driver
+    never holds it) to a staging place beside the run folder. A bad source raises InputError and whatever was staged
+    is removed, so nothing is left behind; the run folder itself is not touched."""
+    path, url = plan.folder.prompts_staging()
+    try:
+        rows = write_prompts(plan.config, url, plan.folder.arrow_fs())
+    except BaseException:
+        plan.folder.refresh()
+        if plan.folder.fs.exists(path):
+            plan.folder.fs.rm(path, recursive=True)
+        raise
+    return StagedPrompts(path, rows)
+
+
+def execute(plan: Plan, staged: StagedPrompts | None, log: Callable[[str], None] = print) -> Outcome:
+    """Step 3: write, run and check. `staged` is the prompt set from `stage_prompts`, or None when the folder's own
+    is reused. Checkpoint commits that an earlier run left half done are settled first
     (`runfolder.folder.settle_checkpoints`, logged), so Ray Data's recovery never deletes a committed data file. A
     KeyboardInterrupt or a failed batch ends with status interrupted/failed and the manifest says so; rows written
     so far are kept for the next run."""
     config, folder = plan.config, plan.folder
     if plan.mode == "overwrite":
         folder.clear()
-    expected = folder.read_prompt_ids() if prompts is None else prompts.column("prompt_id").to_pylist()
-    manifest = new_manifest(config, prompts=len(expected))
+    manifest = new_manifest(config, prompts=staged.rows if staged is not None else len(folder.read_prompt_ids()))
     folder.write_manifest(manifest)
-    if prompts is not None:
-        folder.write_prompts(prompts)
+    if staged is not None:
+        folder.install_prompts(staged.path, staged.rows)
+    expected = folder.read_prompt_ids()
     for line in settle_checkpoints(folder):  # before Ray Data's recovery: a half-done commit must lose nothing
         log(f"checkpoint: {line}")
     written = tally(folder)
@@ -144,7 +169,7 @@ def checkpoint_config(folder: RunFolder) -> CheckpointConfig:
 
 
 def run(config: JobConfig, folder: RunFolder) -> None:
-    """Generate every prompt of `folder`/prompts.parquet not yet written; raises if any batch fails."""
+    """Generate every prompt of the folder's prompt set not yet written; raises if any batch fails."""
     r = config.resources
     with data_context(
         checkpoint_config=checkpoint_config(folder),
@@ -155,7 +180,7 @@ def run(config: JobConfig, folder: RunFolder) -> None:
         max_errored_blocks=0,  # a batch that still fails fails the job
     ):
         fs = folder.arrow_fs()
-        ds = ray.data.read_parquet(folder.url("prompts.parquet"), filesystem=fs, num_cpus=0)
+        ds = ray.data.read_parquet(folder.prompts_url(), filesystem=fs, num_cpus=0)
         ds = ds.map_batches(
             GenerateBatch,
             fn_constructor_kwargs={"config": resolved(config).model_dump(mode="json"), "run_name": config.name,

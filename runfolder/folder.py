@@ -3,8 +3,10 @@
 Layout (local folder or any fsspec URL, e.g. s3://bucket/prefix):
 
 - ``manifest.json``: `schemas.manifest.Manifest`; written first (status ``running``) and rewritten at the end.
-- ``prompts.parquet``: the normalised prompt set (`pipeline.prompts.INPUT_SCHEMA`), written once by the first run; a
-  resumed run reads it instead of the source, so every run of a folder works on the same prompts.
+- ``prompts/``: the normalised prompt set (`pipeline.prompts.INPUT_SCHEMA`, Parquet files), written once by the first
+  run (staged beside the folder by Ray tasks, moved in, then marked whole by ``prompts/_COMPLETE.json``); a resumed
+  run reads it instead of the source, so every run of a folder works on the same prompts. A folder written by an
+  earlier version holds the set as one file, ``prompts.parquet``, which is still read.
 - ``candidates/*.parquet``: output rows (`schemas.rows.ROW_SCHEMA`), written by Ray Data as prompts finish.
 - ``_checkpoint/``: Ray Data's checkpoint of written prompt_ids (two-phase: ``*.pending.parquet`` before a data
   file is written, renamed to ``*.parquet`` once it is). A data file counts as written only when its checkpoint
@@ -19,14 +21,13 @@ a listing from before a run would hide the files the run wrote.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import posixpath
 import uuid
 from dataclasses import dataclass, field
 
-import pyarrow as pa
+import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 from pydantic import ValidationError
 
@@ -38,6 +39,9 @@ from schemas.rows import COST_FIELDS
 from stores.filesystems import filesystem
 
 PENDING = ".pending.parquet"
+PROMPTS_DIR = "prompts"  # the normalised prompt set, Parquet files written by Ray tasks
+PROMPTS_DONE = "_COMPLETE.json"  # in prompts/, written last: the set is whole
+LEGACY_PROMPTS = "prompts.parquet"  # the single file earlier versions wrote; still read
 ORPHANS = "_checkpoint_orphans"
 
 
@@ -116,7 +120,39 @@ class RunFolder:
             ) from None
 
     def has_prompts(self) -> bool:
-        return self.fs.isfile(self.join("prompts.parquet"))
+        """Whether the folder holds its whole prompt set: ``prompts/`` with its completion mark, or the single
+        ``prompts.parquet`` file of a folder written by an earlier Winnow."""
+        self.refresh()
+        return self.fs.isfile(self.join(PROMPTS_DIR, PROMPTS_DONE)) or self.fs.isfile(self.join(LEGACY_PROMPTS))
+
+    def prompts_url(self) -> str:
+        """The prompt set as Ray Data reads it (a folder of Parquet files, or the legacy single file)."""
+        if self.fs.isfile(self.join(PROMPTS_DIR, PROMPTS_DONE)):
+            return self.url(PROMPTS_DIR)
+        return self.url(LEGACY_PROMPTS)
+
+    def prompts_staging(self) -> tuple[str, str]:
+        """A fresh place for a prompt set being written, beside the folder (not in it, so that a folder being
+        replaced with --overwrite is untouched until the new prompts are whole): (path in `fs`, URL for Ray Data)."""
+        path = f"{self.path}.prompts-{uuid.uuid4().hex[:12]}"
+        return path, (path if self.local else self.fs.unstrip_protocol(path))
+
+    def install_prompts(self, staged: str, rows: int) -> None:
+        """Move a whole staged prompt set (`prompts_staging`) to ``prompts/``, replacing what an interrupted install
+        left there, and mark it complete last (a rename on a local disk; a copy per file on object stores, where the
+        mark is what tells a whole set from a part)."""
+        dest = self.join(PROMPTS_DIR)
+        self.refresh()
+        if self.fs.exists(dest):
+            self.fs.rm(dest, recursive=True)
+        if self.local:
+            os.rename(staged, dest)
+        else:
+            for src in self.fs.find(staged):
+                self.fs.copy(src, dest + src[len(staged):])
+            self.fs.rm(staged, recursive=True)
+        self.fs.pipe_file(posixpath.join(dest, PROMPTS_DONE), json.dumps({"rows": rows}).encode())
+        self.refresh()
 
     # -- writing ----------------------------------------------------------------------------------------------------
 
@@ -141,14 +177,12 @@ class RunFolder:
     def write_manifest(self, manifest: Manifest) -> None:
         self._write_atomic("manifest.json", json.dumps(manifest.model_dump(mode="json"), indent=2).encode())
 
-    def write_prompts(self, table: pa.Table) -> None:
-        buf = io.BytesIO()
-        pq.write_table(table, buf)
-        self._write_atomic("prompts.parquet", buf.getvalue())
-
     def read_prompt_ids(self) -> list[str]:
-        with self.fs.open(self.join("prompts.parquet"), "rb") as f:
-            return pq.read_table(f, columns=["prompt_id"]).column("prompt_id").to_pylist()
+        """Every prompt_id of the prompt set, in file order (files whose names start with _ or . are not data)."""
+        path = self.join(PROMPTS_DIR) if self.fs.isfile(self.join(PROMPTS_DIR, PROMPTS_DONE)) else self.join(
+            LEGACY_PROMPTS)
+        return pads.dataset(path, filesystem=self.fs, format="parquet").to_table(
+            columns=["prompt_id"]).column("prompt_id").to_pylist()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -411,5 +445,5 @@ def exactly_once_problems(expected: list[str], written: list[str]) -> list[str]:
         problems.append(f"{len(missing)} prompt(s) not written, e.g. {missing[:3]}")
     unknown = sorted(seen - set(expected))
     if unknown:
-        problems.append(f"{len(unknown)} row(s) for prompt_ids not in prompts.parquet, e.g. {unknown[:3]}")
+        problems.append(f"{len(unknown)} row(s) for prompt_ids not in the prompt set, e.g. {unknown[:3]}")
     return problems

@@ -33,7 +33,8 @@ def test_generate_from_and_to_s3(s3_endpoint, tmp_path):  # noqa: F811 (fixture)
     files = sorted(fs.find("winnow-test/runs/one/candidates"))
     table = pads.dataset(files, filesystem=fs, format="parquet").to_table()
     assert sorted(table.column("prompt_id").to_pylist()) == ["s0", "s1", "s2"]
-    assert fs.exists("winnow-test/runs/one/prompts.parquet")
+    assert fs.exists("winnow-test/runs/one/prompts/_COMPLETE.json")
+    assert not fs.glob("winnow-test/runs/one.prompts-*")  # the staged prompt set was moved in
     assert not (tmp_path / "run").exists() and not any(tmp_path.glob("s3*"))
 
     again = winnow("generate", str(cfg), env=env)

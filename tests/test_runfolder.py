@@ -144,7 +144,7 @@ def test_exactly_once_problems():
     assert problems == [
         "1 prompt_id(s) written more than once, e.g. ['a']",
         "1 prompt(s) not written, e.g. ['c']",
-        "1 row(s) for prompt_ids not in prompts.parquet, e.g. ['z']",
+        "1 row(s) for prompt_ids not in the prompt set, e.g. ['z']",
     ]
 
 
