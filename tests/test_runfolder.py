@@ -268,3 +268,25 @@ def test_an_output_path_that_cannot_be_written_is_refused_before_anything_runs(t
     assert problems == [f"output.path: {locked} is not writable: the folder does not permit this user to write "
                         "into it"]
     assert claim_problems(RunFolder(str(tmp_path / "fine" / "run")), cfg, False) == ([], "new")
+
+
+def test_the_prompt_set_is_whole_only_once_marked_and_a_legacy_single_file_is_still_read(tmp_path):
+    import pyarrow as pa
+
+    folder = RunFolder(str(tmp_path / "run"))
+    table = pa.table({"prompt_id": ["a", "b", "c"]})
+    staged, _ = folder.prompts_staging()
+    Path(staged).mkdir()
+    pq.write_table(table.slice(0, 2), f"{staged}/0.parquet")
+    pq.write_table(table.slice(2), f"{staged}/1.parquet")
+    (tmp_path / "run" / "prompts").mkdir(parents=True)  # a part left by an interrupted install
+    pq.write_table(table.slice(0, 1), str(tmp_path / "run" / "prompts" / "0.parquet"))
+    assert not folder.has_prompts()
+    folder.install_prompts(staged, 3)
+    assert folder.has_prompts() and folder.read_prompt_ids() == ["a", "b", "c"]
+    assert folder.prompts_url() == str(tmp_path / "run" / "prompts") and not Path(staged).exists()
+    legacy = RunFolder(str(tmp_path / "old"))
+    (tmp_path / "old").mkdir()
+    pq.write_table(table, str(tmp_path / "old" / "prompts.parquet"))
+    assert legacy.has_prompts() and legacy.read_prompt_ids() == ["a", "b", "c"]
+    assert legacy.prompts_url() == str(tmp_path / "old" / "prompts.parquet")
