@@ -146,8 +146,10 @@ def execute(plan: Plan, staged: StagedPrompts | None, log: Callable[[str], None]
             run(config, folder)
     except KeyboardInterrupt:
         return ended("interrupted", "interrupted")
-    except Exception as err:  # a failed batch: the engine raised, an actor died, a write failed
-        return ended("failed", short_error(err))
+    except Exception as err:  # a failed batch: the engine raised, an actor died (named with its node and batch), ...
+        from pipeline.faults import describe_failure
+
+        return ended("failed", describe_failure(err, folder))
     t = tally(folder)
     problems = exactly_once_problems(expected, t.ids)
     if problems:
@@ -223,6 +225,7 @@ class GenerateBatch:
     fails, so the batch, and with it the job, fails loudly."""
 
     def __init__(self, config: dict, run_name: str, config_hash: str):
+        from pipeline.faults import BatchRecorder
         from workers.runner import Runner
 
         self.config = validate_config(config)
@@ -231,9 +234,15 @@ class GenerateBatch:
         reward = self.config.models.reward
         self.with_concepts = reward is not None and reward.kind == "lexical"
         self.runner = Runner(self.config)
+        self.inflight = BatchRecorder.for_this_actor(self.config.output.path)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        """One output row per prompt of `batch` (`pipeline.prompts.INPUT_SCHEMA` rows), in order."""
+        """One output row per prompt of `batch` (`pipeline.prompts.INPUT_SCHEMA` rows), in order. The batch is
+        recorded in the run folder while it runs (`pipeline.faults`), so that a death of this actor names it."""
+        with self.inflight.batch(batch.column("prompt_id").to_pylist()):
+            return self.generate(batch)
+
+    def generate(self, batch: pa.Table) -> pa.Table:
         prompts = batch.to_pylist()
         out: list[dict | None] = [None] * len(prompts)
         todo: list[int] = []
