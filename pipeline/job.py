@@ -37,7 +37,8 @@ from ray.data.checkpoint import CheckpointConfig
 
 from pipeline.preflight import model_problems, resolved, working_dir_problems
 from pipeline.prompts import write_prompts
-from pipeline.raydata import data_context, short_error
+from pipeline.faults import INFLIGHT
+from pipeline.raydata import data_context
 from runfolder.folder import (
     RunFolder,
     Tally,
@@ -126,6 +127,8 @@ def execute(plan: Plan, staged: StagedPrompts | None, log: Callable[[str], None]
     if staged is not None:
         folder.install_prompts(staged.path, staged.rows)
     expected = folder.read_prompt_ids()
+    if folder.fs.exists(folder.join(INFLIGHT)):  # batch records of earlier runs' dead actors: this run's only, below
+        folder.fs.rm(folder.join(INFLIGHT), recursive=True)
     for line in settle_checkpoints(folder):  # before Ray Data's recovery: a half-done commit must lose nothing
         log(f"checkpoint: {line}")
     written = tally(folder)
