@@ -85,7 +85,12 @@ def _run(plan, config) -> int:
         print(f"{PROG}: failed reading the prompts: {short_error(err)}", file=sys.stderr)
         return EXIT_RUNTIME
 
-    outcome = job.execute(plan, staged, log=lambda line: print(f"{PROG}: {line}", flush=True))
+    try:
+        outcome = job.execute(plan, staged, log=lambda line: print(f"{PROG}: {line}", flush=True))
+    except Exception as err:  # the store failed before the run started (an outage): a run-time failure, said once
+        print(f"{PROG}: the job failed before it started: {short_error(err)}\n{PROG}: run the same command again "
+              f"once {plan.folder.uri} can be written", file=sys.stderr)
+        return EXIT_RUNTIME
     where = plan.folder.uri
     if outcome.status == "interrupted":
         print(f"{PROG}: interrupted; run the same command again to resume", file=sys.stderr)

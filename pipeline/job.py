@@ -38,7 +38,7 @@ from ray.data.checkpoint import CheckpointConfig
 from pipeline.preflight import model_problems, resolved, working_dir_problems
 from pipeline.prompts import write_prompts
 from pipeline.faults import INFLIGHT
-from pipeline.raydata import data_context
+from pipeline.raydata import data_context, short_error
 from runfolder.folder import (
     RunFolder,
     Tally,
@@ -140,8 +140,17 @@ def execute(plan: Plan, staged: StagedPrompts | None, log: Callable[[str], None]
     started = time.monotonic()
 
     def ended(status: str, error: str | None = None, t: Tally | None = None) -> Outcome:
-        t = t if t is not None else tally(folder)
-        finish_manifest(manifest, folder, config, t, "failed" if status == "interrupted" else status, error)
+        """Count, rewrite the manifest and say how the run ended. The store may be what failed (an S3 outage): then
+        the run fails with that said, and the manifest keeps saying `running`, which the next run resumes from."""
+        try:
+            t = t if t is not None else tally(folder)
+            finish_manifest(manifest, folder, config, t, "failed" if status == "interrupted" else status, error)
+        except Exception as err:  # noqa: BLE001 - any failure of the store here is reported, not raised
+            why = (f"the run folder could not be counted or its manifest.json rewritten ({short_error(err)}), so "
+                   "the manifest still says running; run the same command again once the store answers")
+            status = "failed" if status == "succeeded" else status
+            error = f"{error}; {why}" if error else why
+            t = t if t is not None else Tally()
         return Outcome(status, error, t, t.rows - before, time.monotonic() - started)
 
     try:

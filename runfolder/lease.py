@@ -221,7 +221,21 @@ class Lease:
         self._thread = threading.Thread(target=self._beat, name="winnow-lease-heartbeat", daemon=True)
         self._thread.start()
 
+    def _ours(self) -> bool:
+        """Whether the lease object is the very one this run last tried to write (same token and heartbeat): a
+        retried conditional write whose first attempt landed is answered 412 though the write is ours. If so, its
+        ETag is taken."""
+        self.fs.invalidate_cache(self.path)
+        etag = self.fs.info(self.path).get("ETag")
+        holder = Holder.decode(self.fs.cat_file(self.path))
+        if holder is not None and (holder.token, holder.heartbeat_at) == (self.holder.token, self.holder.heartbeat_at):
+            self._etag = etag
+            return True
+        return False
+
     def _take_over(self) -> None:
+        if self._ours():
+            return
         self.fs.invalidate_cache(self.path)
         etag = self.fs.info(self.path).get("ETag")
         current = Holder.decode(self.fs.cat_file(self.path))
@@ -236,7 +250,10 @@ class Lease:
             )
         try:
             self._etag = self._put(IfMatch=etag)
-        except OSError as err:  # 412: another run took it over first
+        except OSError as err:  # 412: another run took it over first, or our own retried write landed
+            if self._ours():
+                self.taken_over = current
+                return
             holder = Holder.decode(self.fs.cat_file(self.path))
             if holder is not None and holder.token != self.holder.token:
                 raise self.refusal(holder) from None
@@ -252,6 +269,9 @@ class Lease:
                 last_ok = time.time()
             except OSError as err:
                 try:
+                    if self._ours():  # the renewal landed; its retry was answered 412
+                        last_ok = time.time()
+                        continue
                     holder = Holder.decode(self.fs.cat_file(self.path))
                 except OSError:
                     holder = None

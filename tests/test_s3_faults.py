@@ -5,10 +5,9 @@ connections dropped before, after or in the middle of a response) or, in an outa
 - Transient faults on the read and the write side are retried by the filesystem layer (`stores.filesystems`): the
   run succeeds with every prompt exactly once and the same rows as a clean run straight to moto.
 - A sustained outage starting mid-run fails the run (exit 1) without the manifest ever claiming success; once the
-  store is back, the same command completes the run exactly once. That the failure is said in one line rather than
-  a traceback is expected but not yet so (xfail: the failure path writes to the store that is down).
-- The run folder's lease keeps working when the answer to one of its conditional writes is lost (xfail: a retried
-  conditional write answers 412, which runfolder/lease.py takes for another run's).
+  store is back, the same command completes the run exactly once. The failure is said in one line, not a traceback.
+- The run folder's lease keeps working when the answer to one of its conditional writes is lost (a retried
+  conditional write that did land answers 412: runfolder/lease.py recognises its own write).
 
 ``WINNOW_S3_MAX_ATTEMPTS=1 pytest tests/test_s3_faults.py -k transient`` (retries off) fails: the faulty run dies
 on the first fault that is not retried.
@@ -110,9 +109,7 @@ def test_transient_faults_on_reads_and_writes_are_retried(s3_endpoint, tmp_path)
     fs = s3fs.S3FileSystem()
     clean = _clean_rows(fs, tmp_path)
     cfg = _setup(fs, tmp_path, "faulty")
-    # The lease's requests are spared: a lost answer to its conditional create fails the run today (see
-    # test_a_lost_answer_to_the_lease_create_does_not_refuse_the_run, xfail); every other request may fail.
-    with FaultyProxy(s3_endpoint, read_fault=FAULTS, write_fault=FAULTS, seed=SEED, spare=_is_lease) as proxy:
+    with FaultyProxy(s3_endpoint, read_fault=FAULTS, write_fault=FAULTS, seed=SEED) as proxy:
         started = time.monotonic()
         run = winnow("generate", str(cfg), env=_env(proxy.url))
         seconds = time.monotonic() - started
@@ -173,8 +170,6 @@ def test_a_sustained_outage_fails_and_the_rerun_completes_exactly_once(s3_endpoi
     assert (m["status"], m["rows"], m["errors"]) == ("succeeded", len(PROMPTS), 0)
 
 
-@pytest.mark.xfail(strict=True, reason="KNOWN PROBLEM: the failure path (pipeline/job.py execute's ended(), "
-                   "jobs/generate.py) writes to the store that is down and dies with a traceback")
 def test_a_sustained_outage_fails_with_a_clear_message(s3_endpoint, tmp_path):  # noqa: F811 (fixture)
     import s3fs
 
@@ -213,8 +208,6 @@ def _lease(run: str):
     return Lease(fs, lease_path(path), "winnow generate", f"output.path: s3://{BUCKET}/runs/{run}")
 
 
-@pytest.mark.xfail(strict=True, reason="runfolder/lease.py: a conditional create whose answer was lost is retried, "
-                   "gets 412, and the run refuses its own lease as held by another run (exit 2)")
 def test_a_lost_answer_to_the_lease_create_does_not_refuse_the_run(proxied):
     proxied.inject_when(lambda method, target: method == "PUT" and _is_lease(method, target), "lost")
     lease = _lease("lease-create")
@@ -225,8 +218,6 @@ def test_a_lost_answer_to_the_lease_create_does_not_refuse_the_run(proxied):
     assert proxied.faults("write") == 1, proxied.summary()
 
 
-@pytest.mark.xfail(strict=True, reason="runfolder/lease.py: a renewal whose answer was lost is retried, gets 412, and "
-                   "every later renewal sends the stale ETag: the lease is reported lost after its ttl")
 def test_a_lost_answer_to_a_lease_renewal_does_not_lose_the_lease(proxied, monkeypatch):
     monkeypatch.setenv("WINNOW_LEASE_TTL_S", "1")  # renewed every 0.25 s
     lease = _lease("lease-renew")
