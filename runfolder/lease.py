@@ -267,13 +267,13 @@ class Lease:
             try:
                 self._etag = self._put(IfMatch=self._etag)
                 last_ok = time.time()
-            except OSError as err:
+            except Exception as err:  # noqa: BLE001 - not only OSError: s3fs passes on botocore's ConnectionClosedError
                 try:
                     if self._ours():  # the renewal landed; its retry was answered 412
                         last_ok = time.time()
                         continue
                     holder = Holder.decode(self.fs.cat_file(self.path))
-                except OSError:
+                except Exception:  # noqa: BLE001 - the store is unreachable: decided by last_ok below
                     holder = None
                 if holder is not None and holder.token != self.holder.token:
                     self.lost = f"the lease was taken over by {holder.describe()}"
@@ -315,6 +315,6 @@ class Lease:
                 holder = Holder.decode(self.fs.cat_file(self.path))
                 if holder is not None and holder.token == self.holder.token:
                     self.fs.rm_file(self.path)
-            except OSError as err:  # the store is unreachable: the lease expires after ttl_s on its own
+            except Exception as err:  # noqa: BLE001 - the store is unreachable: the lease expires after ttl_s on its own
                 self.release_problem = (f"could not delete the lease {self.where} ({err}); it expires "
                                         f"{self.ttl_s:g} s after its last heartbeat")
