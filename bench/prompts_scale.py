@@ -6,7 +6,7 @@ id, a few of them twice or more, 0.1% have a null id, and some ids look like ``I
 - **stream**: `pipeline.prompts.write_prompts`, the job's way: Ray tasks normalise, number and de-duplicate the rows
   and write Parquet files; the driver holds object references and row counts only;
 - **gather** (for sizes up to `--gather-max`): `pipeline.prompts.load_prompts` gathers the normalised table on the
-  driver, which writes it as one ``prompts.parquet`` (`runfolder.folder.RunFolder.write_prompts`), the old way.
+  driver, which writes it as one ``prompts.parquet``, the way earlier versions did.
 
 Each run is its own driver process joined to one Ray instance (a fresh local one, or `--address`), so one run's heap
 does not carry into the next. The figure that matters is the driver's **peak RSS increase**: the process's VmHWM
@@ -120,14 +120,16 @@ class Peak:
 
 
 def stage(mode: str, source: Path, out: Path) -> int:
+    import pyarrow.parquet as pq
+
     from pipeline.prompts import load_prompts, write_prompts
-    from runfolder.folder import RunFolder
 
     cfg = job_config(source, out)
     if mode == "stream":
         return write_prompts(cfg, str(out / "prompts"), None)
-    prompts = load_prompts(cfg)
-    RunFolder(str(out)).write_prompts(prompts)
+    prompts = load_prompts(cfg)  # the earlier way: gathered on the driver, written as one prompts.parquet
+    out.mkdir(parents=True, exist_ok=True)
+    pq.write_table(prompts, str(out / "prompts.parquet"))
     return prompts.num_rows
 
 
