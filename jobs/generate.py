@@ -38,6 +38,9 @@ def main(argv: list[str] | None = None) -> int:
         lease.acquire()  # one writer per run folder: a second run exits 2 naming this one
     except (config_args.ArgumentError, ConfigError, InputError) as err:
         return config_args.report(PROG, err)
+    except OSError as err:  # the store does not answer (an outage): a run-time failure, nothing written
+        print(f"{PROG}: the run folder's store does not answer: {err}", file=sys.stderr)
+        return EXIT_RUNTIME
     main_thread = threading.current_thread() is threading.main_thread()  # signal handlers live on the main thread
     previous = signal.getsignal(signal.SIGTERM)
     previous = signal.SIG_DFL if previous is None else previous  # None: a handler set outside Python
@@ -45,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         if lease.taken_over is not None:
             print(f"{PROG}: {plan.folder.uri} was held by a run that did not end cleanly "
                   f"({lease.taken_over.describe()}); taking it over", flush=True)
-        return _run(plan, config)
+        return _run(plan)
     except KeyboardInterrupt:  # before the run started (`execute` handles its own): nothing was written
         print(f"{PROG}: interrupted before the run started", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -64,8 +67,9 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
-def _run(plan, config) -> int:
+def _run(plan) -> int:
     from pipeline import job
+
     from pipeline.raydata import short_error
 
     try:
@@ -99,7 +103,7 @@ def _run(plan, config) -> int:
         print(f"{PROG}: the job failed: {outcome.error}\n{PROG}: rows written so far are kept in {where}; "
               "run the same command again to resume", file=sys.stderr)
         return EXIT_RUNTIME
-    print(job.summary_table(outcome.tally, config, outcome.new_rows, outcome.seconds))
+    print(job.summary_table(outcome.tally, plan.config, outcome.new_rows, outcome.seconds))
     print(f"{PROG}: wrote {where}/candidates and {where}/manifest.json")
     return EXIT_OK
 
