@@ -55,6 +55,15 @@ def refresh(fs, path: str) -> None:
             cache.pop(key, None)
 
 
+def store(uri: str, shown: str | None = None):
+    """`stores.filesystems.filesystem(uri)`, with a bad store setting (e.g. WINNOW_S3_MAX_ATTEMPTS) as InputError
+    naming the path (`shown`: as the user gave it, e.g. "output.path: s3://b/run")."""
+    try:
+        return filesystem(uri)
+    except ValueError as err:
+        raise InputError(f"{shown or uri}: {err}") from None
+
+
 class RunFolder:
     """`output.path` as a filesystem and a path; local paths are made absolute (Ray workers write there too)."""
 
@@ -62,7 +71,7 @@ class RunFolder:
         if "://" not in uri:
             uri = os.path.abspath(os.path.expanduser(uri))
         self.uri = uri.rstrip("/") or uri
-        self.fs, self.path = filesystem(self.uri)
+        self.fs, self.path = store(self.uri, f"output.path: {self.uri}")
 
     @property
     def local(self) -> bool:

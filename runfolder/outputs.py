@@ -14,14 +14,14 @@ from collections.abc import Iterator
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
+from runfolder.folder import store
 from runfolder.lease import Lease, held_message, holder_of, out_lease_path
 from schemas.base import InputError
-from stores.filesystems import filesystem
 
 
 def check_out(uri: str, overwrite: bool) -> None:
     """Refuse (InputError) an --out that exists and is not empty unless overwrite, or that is a file."""
-    fs, path = filesystem(uri)
+    fs, path = store(uri, f"--out {uri}")
     if fs.isfile(path):
         raise InputError(f"{uri}: --out exists and is a file, not a folder")
     holder = holder_of(fs, out_lease_path(path))
@@ -41,7 +41,7 @@ def staged_out(uri: str, command: str) -> Iterator[tuple[fsspec.AbstractFileSyst
     folder. Object stores (S3) have no rename: there the old files are deleted and the new ones copied object by
     object, which is not atomic, but nothing is touched until every file was written to the temporary folder.
     """
-    fs, path = filesystem(uri)
+    fs, path = store(uri, f"--out {uri}")
     token = uuid.uuid4().hex[:12]
     tmp = f"{path}.tmp-{token}"
     with Lease(fs, out_lease_path(path), command, f"--out {uri}"):  # one writer: a second one gets InputError

@@ -17,12 +17,11 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 from pydantic import ValidationError
 
-from runfolder.folder import committed_data_files
+from runfolder.folder import committed_data_files, store
 from runfolder.lease import holder_of, lease_path
 from schemas.base import InputError
 from schemas.manifest import Manifest
 from schemas.rows import ROW_SCHEMA
-from stores.filesystems import filesystem
 
 # Columns the tools read; others (new ones the job adds) are ignored.
 READ_COLUMNS = ["prompt_id", "prompt", "method", "candidates", "best_index", "best_text", "best_reward", "cost",
@@ -62,7 +61,7 @@ def normalise_uri(uri: str) -> str:
 
 def folder_key(uri: str) -> str:
     """One spelling per folder (absolute local path, or the URL), to tell whether two arguments name one run."""
-    fs, path = filesystem(uri)
+    fs, path = store(uri)
     return fs.unstrip_protocol(path)
 
 
@@ -177,7 +176,7 @@ def _dedupe(rows: list[dict], uri: str) -> tuple[list[dict], int]:
 def load_run(uri: str) -> Run:
     """Read one run folder; raises InputError naming the path if it is missing, empty or malformed."""
     uri = normalise_uri(uri)
-    fs, path = filesystem(uri)
+    fs, path = store(uri)
     if not fs.isdir(path):
         raise InputError(f"{uri}: run folder not found")
     manifest_path = posixpath.join(path, "manifest.json")

@@ -199,3 +199,10 @@ def test_paths_outside_the_working_dir_copy_or_not_under_ray_job_submit_pass(tmp
         assert working_dir_problems(ok, environ=env) == [], path
     no_dir = {"RAY_JOB_CONFIG_JSON_ENV_VAR": '{"runtime_env": {}, "metadata": {}}'}  # submitted without one
     assert working_dir_problems(relative, environ=no_dir) == []
+
+
+def test_a_bad_store_setting_exits_2_naming_it(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("WINNOW_S3_MAX_ATTEMPTS", "many")
+    status, err = run(tmp_path, capsys, job_config(tmp_path, output={"path": "s3://bucket/runs/x"}))
+    assert status == 2, err
+    assert "output.path: s3://bucket/runs/x: WINNOW_S3_MAX_ATTEMPTS='many': expected a whole number of attempts" in err
