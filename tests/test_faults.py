@@ -328,18 +328,25 @@ def test_a_batch_record_lives_while_its_batch_runs(tmp_path, monkeypatch):
 # SIGKILL of the actor mid-batch
 
 
+def hit_mid_batch(cfg, run: Path, env: dict, label: str, kill) -> tuple[Job, dict, int]:
+    """Start `winnow generate`, wait for a batch in flight, `kill(record)` it, and wait for the run to end:
+    (the job, the batch's record, its exit status). The job's process group is ended whatever happens."""
+    job = Job(cfg, env, label)
+    try:
+        rec = batch_in_flight(run, job)
+        kill(rec)
+        return job, rec, job.wait()
+    finally:
+        if job.proc.poll() is None:
+            job.kill_group()
+
+
 @pytest.mark.slow
 def test_actor_killed_without_retries_fails_loudly_and_the_rerun_completes(tmp_path, session_env, baseline):
     cfg = fault_config(tmp_path, "run", max_retries=0)
     run = tmp_path / "run"
-    job = Job(cfg, session_env, "first")
-    try:
-        rec = batch_in_flight(run, job)
-        kill_actor(rec)
-        assert job.wait() == 1, job.stderr[-3000:]
-    finally:
-        if job.proc.poll() is None:
-            job.kill_group()
+    job, rec, status = hit_mid_batch(cfg, run, session_env, "first", kill_actor)
+    assert status == 1, job.stderr[-3000:]
     m = manifest_of(run)
     assert m["status"] == "failed"
     assert_names_the_dead_actor(m["error"], rec)
@@ -359,14 +366,8 @@ def test_actor_killed_without_retries_fails_loudly_and_the_rerun_completes(tmp_p
 def test_actor_killed_with_retries_is_restarted_and_its_batch_retried(tmp_path, session_env, baseline):
     cfg = fault_config(tmp_path, "run", max_retries=2)
     run = tmp_path / "run"
-    job = Job(cfg, session_env, "only")
-    try:
-        rec = batch_in_flight(run, job)
-        kill_actor(rec)
-        assert job.wait() == 0, job.stderr[-3000:]
-    finally:
-        if job.proc.poll() is None:
-            job.kill_group()
+    job, rec, status = hit_mid_batch(cfg, run, session_env, "only", kill_actor)
+    assert status == 0, job.stderr[-3000:]
     # Ray's own account of the retry (2.60's wording): the killed batch was retried on the restarted actor.
     assert "so the task will be retried" in job.stderr + job.stdout
     assert_same_rows(run, baseline)
@@ -461,15 +462,11 @@ def test_node_lost_mid_batch_recovers_or_fails_loudly_then_the_rerun_completes(t
         env = {**private_ray, "RAY_ADDRESS": cluster.info["address"]}
         cfg = fault_config(tmp_path, "run", max_retries=2)
         run = tmp_path / "run"
-        job = Job(cfg, env, "first")
-        try:
-            rec = batch_in_flight(run, job)
+        def kill_its_node(rec: dict) -> None:
             assert rec["node_id"] in cluster.info["workers"], (rec, cluster.info)
             cluster.kill_node(rec["node_id"])
-            status = job.wait()
-        finally:
-            if job.proc.poll() is None:
-                job.kill_group()
+
+        job, rec, status = hit_mid_batch(cfg, run, env, "first", kill_its_node)
         assert "joined the Ray cluster at RAY_ADDRESS=" in job.stdout
         m = manifest_of(run)
         if status == 0:  # Ray restarted the actor on the other worker node and the batch was retried there
