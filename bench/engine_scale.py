@@ -340,10 +340,12 @@ def install_timers(phases: Phases) -> None:
     from transformers.cache_utils import DynamicCache, DynamicLayer
 
     import workers.engine as eng
+    from workers.kvcache import GrowingLayer
     from workers.rewards import RewardModelScorer
 
     phases.wrap(eng, "forward", "forward")
-    phases.wrap(DynamicLayer, "update", "cache update")
+    phases.wrap(DynamicLayer, "update", "cache update")  # generate's cache
+    phases.wrap(GrowingLayer, "update", "cache update")  # the engine's
     phases.wrap(DynamicCache, "batch_repeat_interleave", "cache select")
     phases.wrap(eng.Batch, "select", "cache select")
     phases.wrap(eng, "uniforms", "sampling")

@@ -20,9 +20,9 @@ from dataclasses import dataclass, fields
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
 
 from workers.cost import Meter
+from workers.kvcache import new_cache, plain_columns
 from workers.sampling import STREAM_TOKEN, Warp, next_tokens, uniforms
 
 
@@ -101,7 +101,7 @@ class Batch:
         real = self.mask.any(0)
         if self.size == 0 or bool(real[0]):
             return
-        if any(type(layer) is not DynamicLayer for layer in self.cache.layers):
+        if not plain_columns(self.cache):
             return  # sliding-window and other layer kinds keep their own column bookkeeping
         first = int(real.float().argmax())
         if first == 0:
@@ -171,7 +171,7 @@ class Engine:
         dev = self.device
         ids, mask = left_pad(prompts, self.pad_id, dev)  # [P, L]
         groups = torch.arange(len(prompts), device=dev)
-        cache = DynamicCache(config=self.model.config)
+        cache = new_cache(self.model.config)
         logits = forward(self.model, self.role, ids, mask, cache, groups, self.meter)[:, -1]  # [P, V]
         cache.batch_repeat_interleave(n)
         batch = Batch(

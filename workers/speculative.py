@@ -39,10 +39,10 @@ from dataclasses import dataclass, fields
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
 
 from workers.cost import Meter
 from workers.engine import Batch, kv_bytes_per_token, left_pad, next_tokens, position_ids
+from workers.kvcache import new_cache, plain_columns
 from workers.sampling import (
     STREAM_ACCEPT, STREAM_DRAFT, STREAM_RESIDUAL, STREAM_TOKEN, Warp, sample, uniforms, warp_probs,
 )
@@ -131,7 +131,7 @@ def pack(cache: DynamicCache, mask: torch.Tensor, min_holes: int = 1) -> torch.T
     need = int(mask.sum(-1).max())
     if width - need < max(min_holes, 1):
         return mask
-    if any(type(layer) is not DynamicLayer for layer in cache.layers):
+    if not plain_columns(cache):
         return mask
     order = torch.sort(mask, dim=-1, stable=True).indices[:, width - need:]  # [B, need] holes first, then real
     for layer in cache.layers:
@@ -408,7 +408,7 @@ def open_batch(
     groups = torch.arange(p, device=dev)
 
     def prefill(model, role):
-        cache = DynamicCache(config=model.config)
+        cache = new_cache(model.config)
         side = Side(model, role, cache, mask.new_zeros(p, 0), torch.zeros(p, dtype=torch.long, device=dev))
         side.feed(ids, mask.bool(), groups, meter, None)
         tally.add(role + "_calls", groups, mask.any(-1).long() * reps)
@@ -497,9 +497,9 @@ class SpeculativeEngine:
         groups = torch.arange(p, device=dev)
         zeros = torch.zeros(p, dtype=torch.long, device=dev)
 
-        t = Side(self.target, "target", DynamicCache(config=self.target.config), mask.new_zeros(p, 0), zeros)
+        t = Side(self.target, "target", new_cache(self.target.config), mask.new_zeros(p, 0), zeros)
         logits = t.feed(ids, mask.bool(), groups, self.meter, None)[:, -1]  # [P, V]
-        d = Side(self.draft, "draft", DynamicCache(config=self.draft.config), mask.new_zeros(p, 0), zeros)
+        d = Side(self.draft, "draft", new_cache(self.draft.config), mask.new_zeros(p, 0), zeros)
         d.feed(ids, mask.bool(), groups, self.meter, None)
         for side in (t, d):
             side.cache.batch_repeat_interleave(n)

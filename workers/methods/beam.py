@@ -17,10 +17,10 @@ Only the first beam is live at the first step (the others start at -1e9), so bea
 from __future__ import annotations
 
 import torch
-from transformers import DynamicCache
 
 from schemas.methods import Beam
 from workers.engine import left_pad
+from workers.kvcache import new_cache
 from workers.methods.common import Candidate, Context, MethodResult, PromptInput
 from workers.speculative import DecodeTally, Side
 
@@ -38,7 +38,7 @@ def run_beam(ctx: Context, prompts: list[PromptInput], num_beams: int, length_pe
 
     ids, mask = left_pad([p.ids for p in prompts], ctx.pad_id, dev)  # [P, L]
     group = torch.arange(p_count, device=dev)  # prompts still searching
-    side = Side(model, "target", DynamicCache(config=model.config), mask.new_zeros(p_count, 0),
+    side = Side(model, "target", new_cache(model.config), mask.new_zeros(p_count, 0),
                 torch.zeros(p_count, dtype=torch.long, device=dev))
     logits = side.feed(ids, mask.bool(), group, meter, tally)[:, -1]  # [P, V]
     side.repeat(m)

@@ -1,0 +1,107 @@
+"""The in-place KV cache (workers.kvcache): the same keys and values as transformers' DynamicLayer under every
+operation the engine uses, with steps that write in place instead of copying the cache."""
+
+import copy
+import random
+
+import torch
+from transformers.cache_utils import DynamicLayer
+
+from tests.trio_helpers import trio
+from workers.kvcache import MIN_HEADROOM, GrowingLayer, cache_bytes, new_cache
+
+
+def _kv(b, t, gen, h=2, d=4):
+    return torch.randn(b, h, t, d, generator=gen), torch.randn(b, h, t, d, generator=gen)
+
+
+def _same(a, b):
+    assert a.get_seq_length() == b.get_seq_length()
+    if b.get_seq_length():
+        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+
+
+def test_growing_layer_equals_dynamic_layer_under_every_operation():
+    gen = torch.Generator().manual_seed(0)
+    rnd = random.Random(0)
+    for trial in range(20):
+        ref, new = DynamicLayer(), GrowingLayer()
+        rows = rnd.randint(1, 4)
+        k, v = _kv(rows, rnd.randint(1, 9), gen)
+        assert torch.equal(ref.update(k, v)[0], new.update(k, v)[0])
+        for _ in range(40):
+            op = rnd.choice(["step", "step", "step", "chunk", "crop", "select", "repeat", "trim", "gather", "fork"])
+            n = ref.get_seq_length()
+            if op in ("step", "chunk"):
+                k, v = _kv(rows, 1 if op == "step" else rnd.randint(2, 90), gen)
+                rk, rv = ref.update(k, v)
+                nk, nv = new.update(k, v)
+                assert torch.equal(rk, nk) and torch.equal(rv, nv)
+            elif op == "crop" and n > 1:
+                c = -rnd.randint(1, n - 1)
+                ref.crop(c)
+                new.crop(c)
+            elif op == "select" and rows > 1:
+                idx = torch.tensor(sorted(rnd.sample(range(rows), rnd.randint(1, rows))))
+                ref.batch_select_indices(idx)
+                new.batch_select_indices(idx)
+                rows = idx.numel()
+            elif op == "repeat" and rows < 8:
+                r = rnd.randint(1, 3)
+                ref.batch_repeat_interleave(r)
+                new.batch_repeat_interleave(r)
+                rows *= r
+            elif op == "trim" and n > 1:  # what Batch.trim_left does
+                first = rnd.randint(1, n - 1)
+                for layer in (ref, new):
+                    layer.keys = layer.keys[..., first:, :]
+                    layer.values = layer.values[..., first:, :]
+            elif op == "gather" and n > 1:  # what speculative.pack does
+                order = torch.stack([torch.randperm(n, generator=gen)[: n - 1].sort().values for _ in range(rows)])
+                for layer in (ref, new):
+                    b, h, _, d = layer.keys.shape
+                    idx = order[:, None, :, None].expand(b, h, n - 1, d)
+                    layer.keys = layer.keys.gather(2, idx)
+                    layer.values = layer.values.gather(2, idx)
+            elif op == "fork":  # what speculative.fork_cache does: a copy that then writes on its own
+                twin = copy.copy(new)
+                k, v = _kv(rows, 1, gen)
+                twin.update(k, v)
+            _same(new, ref)
+
+
+def test_steps_write_in_place_and_reallocate_only_with_headroom():
+    gen = torch.Generator().manual_seed(1)
+    layer = GrowingLayer()
+    layer.update(*_kv(3, 100, gen))
+    reallocations, ptr = 0, layer._k.data_ptr()
+    for _ in range(2000):
+        layer.update(*_kv(3, 1, gen))
+        if layer._k.data_ptr() != ptr:
+            reallocations, ptr = reallocations + 1, layer._k.data_ptr()
+    assert layer.get_seq_length() == 2100
+    # each growth adds a quarter: 100 -> 2100 columns takes about log(21) / log(1.25) ~ 14 reallocations, not 2000
+    assert 5 <= reallocations <= 16
+    assert layer.capacity <= 2100 + max(MIN_HEADROOM, 2100 // 4)
+
+
+def test_a_selection_copies_only_the_rows_kept_and_a_crop_copies_nothing():
+    gen = torch.Generator().manual_seed(2)
+    layer = GrowingLayer()
+    layer.update(*_kv(8, 50, gen))
+    ptr = layer._k.data_ptr()
+    layer.crop(-10)
+    assert layer.get_seq_length() == 40 and layer._k.data_ptr() == ptr
+    layer.update(*_kv(8, 1, gen))  # writes over the cropped columns, in place
+    assert layer._k.data_ptr() == ptr and layer.get_seq_length() == 41
+    layer.batch_select_indices(torch.tensor([1, 5]))
+    assert layer._k.shape[0] == 2 and layer.capacity >= 41
+
+
+def test_new_cache_uses_growing_layers_for_full_attention():
+    target = trio().target
+    cache = new_cache(target.config)
+    assert cache.layers and all(isinstance(layer, GrowingLayer) for layer in cache.layers)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    target(input_ids=ids, past_key_values=cache, use_cache=True)
+    assert cache.get_seq_length() == 4 and cache_bytes(cache) > 0

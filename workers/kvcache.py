@@ -1,0 +1,168 @@
+"""A KV cache that grows in place: transformers' Cache API with preallocated layer storage.
+
+transformers' `DynamicLayer` appends a step's keys and values with `torch.cat`, which copies every layer's whole
+cache at every step: decoding n tokens costs O(n^2) copying, and past a few tens of MiB per tensor each fresh
+allocation page-faults. `GrowingLayer` keeps the keys and values in storage [B, H, capacity, D] and writes a step
+into the next free columns; `keys`/`values` are views of the columns in use, so attention reads only those. When
+the storage is full it is reallocated with headroom (a quarter of the length, at least `MIN_HEADROOM` columns),
+so the copying is amortised to a constant per column. Cropping the right end is free (the count of columns in use
+shrinks); selecting rows copies the rows kept, headroom included.
+
+Code that replaces `layer.keys`/`layer.values` wholesale (e.g. dropping leading hole columns, packing holes) keeps
+working: the new tensor becomes the storage, and as it may be a view of someone else's memory, the next write
+copies it into fresh storage with headroom (a layer writes only into storage it allocated; `copy.copy` of a layer
+makes both copies give up their shared storage the same way).
+
+`new_cache(config)` builds a `DynamicCache` for a model config whose full-attention layers are `GrowingLayer`s;
+sliding-window and other layer kinds keep transformers' own classes.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+MIN_HEADROOM = 64  # columns added beyond the need when the storage grows
+
+
+class GrowingLayer(DynamicLayer):
+    """A `DynamicLayer` whose keys and values live in storage with spare columns ([B, H, capacity, D])."""
+
+    def __init__(self, **kwargs):
+        self._k: torch.Tensor | None = None
+        self._v: torch.Tensor | None = None
+        self._n = 0  # columns in use (of the keys; `_nv` of the values: equal, except between two setter calls)
+        self._nv = 0
+        self._owned = False  # whether _k/_v were allocated here (so the spare columns may be written)
+        super().__init__(**kwargs)
+
+    # -- the columns in use, as views -----------------------------------------------------------------------
+    @property
+    def keys(self) -> torch.Tensor | None:
+        return self._k if self._k is None or self._k.dim() != 4 else self._k[:, :, : self._n]
+
+    @keys.setter
+    def keys(self, t: torch.Tensor | None) -> None:
+        self._k = t
+        self._owned = False
+        self._n = int(t.shape[-2]) if t is not None and t.dim() == 4 else 0
+
+    @property
+    def values(self) -> torch.Tensor | None:
+        return self._v if self._v is None or self._v.dim() != 4 else self._v[:, :, : self._nv]
+
+    @values.setter
+    def values(self, t: torch.Tensor | None) -> None:
+        self._v = t
+        self._owned = False
+        self._nv = int(t.shape[-2]) if t is not None and t.dim() == 4 else 0
+
+    @property
+    def capacity(self) -> int:
+        return int(self._k.shape[-2]) if self._k is not None and self._k.dim() == 4 else 0
+
+    # -- Cache API ------------------------------------------------------------------------------------------
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        t = key_states.shape[-2]
+        if self._k is None or self._k.dim() != 4 or self._k.shape[0] != key_states.shape[0]:
+            if self._n:  # a batch-size change without a selection: not something this cache supports
+                raise RuntimeError(f"GrowingLayer: {key_states.shape[0]} new rows for a cache of {self._k.shape[0]}")
+            self._alloc(key_states, value_states, t)
+        elif self._n + t > self.capacity or not self._owned:
+            self._grow(self._n + t)
+        n = self._n
+        self._k[:, :, n: n + t] = key_states
+        self._v[:, :, n: n + t] = value_states
+        self._n = self._nv = n + t
+        return self.keys, self.values
+
+    def _alloc(self, k: torch.Tensor, v: torch.Tensor, need: int) -> None:
+        cap = need + max(MIN_HEADROOM, need // 4)
+        self._k = k.new_empty((*k.shape[:2], cap, k.shape[-1]))
+        self._v = v.new_empty((*v.shape[:2], cap, v.shape[-1]))
+        self._owned = True
+
+    def _grow(self, columns: int) -> None:
+        """Fresh storage for `columns` columns plus headroom, holding the columns in use."""
+        cap = max(columns + max(MIN_HEADROOM, columns // 4), self.capacity if self._owned else 0)
+        n = self._n
+        k = self._k.new_empty((*self._k.shape[:2], cap, self._k.shape[-1]))
+        v = self._v.new_empty((*self._v.shape[:2], cap, self._v.shape[-1]))
+        k[:, :, :n] = self._k[:, :, :n]
+        v[:, :, :n] = self._v[:, :, :n]
+        self._k, self._v, self._owned = k, v, True
+
+    def __copy__(self) -> GrowingLayer:
+        twin = type(self).__new__(type(self))
+        twin.__dict__.update(self.__dict__)
+        self._owned = twin._owned = False  # the storage is shared now: the next write of either copies it
+        return twin
+
+    def get_seq_length(self) -> int:
+        return self._n if self.is_initialized else 0
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if tokens_to_remove > 0:
+            raise ValueError(f"GrowingLayer.crop takes a negative count of columns to remove, not {tokens_to_remove}")
+        if tokens_to_remove and self.is_initialized:
+            self._n = self._nv = max(0, self._n + tokens_to_remove)
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """Keep rows `indices`: fresh storage of the same capacity holding only their columns in use."""
+        if self._n:
+            n, idx = self._n, indices.to(self._k.device)
+            cap = self.capacity if self._owned else n + max(MIN_HEADROOM, n // 4)
+            k = self._k.new_empty((idx.numel(), self._k.shape[1], cap, self._k.shape[-1]))
+            v = self._v.new_empty((idx.numel(), self._v.shape[1], cap, self._v.shape[-1]))
+            torch.index_select(self._k[:, :, :n], 0, idx, out=k[:, :, :n])
+            torch.index_select(self._v[:, :, :n], 0, idx, out=v[:, :, :n])
+            self._k, self._v, self._owned = k, v, True
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self.batch_select_indices(beam_idx)
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        """Each row `repeats` times over: fresh storage of the same capacity, the columns in use copied once each."""
+        if self._n:
+            n = self._n
+            cap = self.capacity if self._owned else n + max(MIN_HEADROOM, n // 4)
+            out = []
+            for t in (self._k, self._v):
+                b, h, _, d = t.shape
+                new = t.new_empty((b * repeats, h, cap, d))
+                new.view(b, repeats, h, cap, d)[:, :, :, :n] = t[:, None, :, :n]
+                out.append(new)
+            self._k, self._v = out
+            self._owned = True
+
+    def reset(self) -> None:
+        self._n = self._nv = 0
+        super().reset()
+
+
+def plain_columns(cache: DynamicCache) -> bool:
+    """Whether every layer keeps one column per token of its sequences (DynamicLayer or GrowingLayer), so that
+    columns may be dropped or moved by replacing `keys`/`values` (sliding windows keep their own bookkeeping)."""
+    return all(type(layer) in (DynamicLayer, GrowingLayer) for layer in cache.layers)
+
+
+def new_cache(config) -> DynamicCache:
+    """A DynamicCache for `config` whose plain full-attention layers grow in place (`GrowingLayer`)."""
+    cache = DynamicCache(config=config)
+    cache.layers = [GrowingLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
+    return cache
+
+
+def cache_bytes(cache: DynamicCache) -> int:
+    """Bytes the cache's storage holds (spare columns included)."""
+    total = 0
+    for layer in cache.layers:
+        for name in ("_k", "_v") if isinstance(layer, GrowingLayer) else ("keys", "values"):
+            t = getattr(layer, name, None)
+            if isinstance(t, torch.Tensor):
+                total += t.numel() * t.element_size()
+    return total
