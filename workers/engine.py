@@ -24,6 +24,7 @@ from transformers import DynamicCache
 from workers.cost import Meter
 from workers.kvcache import new_cache, plain_columns
 from workers.sampling import STREAM_TOKEN, Warp, next_tokens, uniforms
+from workers.shared_prefix import SharedPrefixCache, share, shared_forward
 
 
 def position_ids(mask: torch.Tensor) -> torch.Tensor:
@@ -48,14 +49,11 @@ def forward(
     """
     t = input_ids.shape[1]
     pos = position_ids(mask)[:, -t:]  # [B, T]
-    out = model(
-        input_ids=input_ids,
-        attention_mask=mask,
-        position_ids=pos,
-        past_key_values=cache,
-        use_cache=True,
-        logits_to_keep=keep,
-    )
+    inputs = dict(input_ids=input_ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=keep)
+    if isinstance(cache, SharedPrefixCache):
+        out = shared_forward(model, cache, **inputs)
+    else:
+        out = model(past_key_values=cache, **inputs)
     meter.count_forward(role, group, mask[:, -t:].sum(-1))
     return out.logits.float()
 
@@ -101,15 +99,16 @@ class Batch:
         real = self.mask.any(0)
         if self.size == 0 or bool(real[0]):
             return
-        if not plain_columns(self.cache):
-            return  # sliding-window and other layer kinds keep their own column bookkeeping
         first = int(real.float().argmax())
-        if first == 0:
-            return
-        for layer in self.cache.layers:
-            if getattr(layer, "is_initialized", False) and layer.keys is not None and layer.keys.numel():
-                layer.keys = layer.keys[..., first:, :]
-                layer.values = layer.values[..., first:, :]
+        if isinstance(self.cache, SharedPrefixCache):
+            first = self.cache.drop_left(first)  # the holes of the prompts' own columns
+        elif not plain_columns(self.cache):
+            return  # sliding-window and other layer kinds keep their own column bookkeeping
+        else:
+            for layer in self.cache.layers:
+                if getattr(layer, "is_initialized", False) and layer.keys is not None and layer.keys.numel():
+                    layer.keys = layer.keys[..., first:, :]
+                    layer.values = layer.values[..., first:, :]
         self.mask = self.mask[:, first:]
 
     def append_pending(self, tok: torch.Tensor) -> None:
@@ -173,9 +172,11 @@ class Engine:
         groups = torch.arange(len(prompts), device=dev)
         cache = new_cache(self.model.config)
         logits = forward(self.model, self.role, ids, mask, cache, groups, self.meter)[:, -1]  # [P, V]
-        cache.batch_repeat_interleave(n)
+        shared = share(self.model, cache, groups.repeat_interleave(n))  # the prompt's cache once, if exact
+        if shared is None:
+            cache.batch_repeat_interleave(n)
         batch = Batch(
-            cache=cache,
+            cache=shared if shared is not None else cache,
             mask=mask.repeat_interleave(n, 0),
             pending=torch.zeros(len(prompts) * n, dtype=torch.long, device=dev),
             group=groups.repeat_interleave(n),

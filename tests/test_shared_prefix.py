@@ -1,0 +1,92 @@
+"""A prompt's cache shared by its candidates (workers.shared_prefix): the same logits as the repeated cache, through
+selections and left trims, with the prompt's keys and values held once; and a probe that refuses what it cannot
+share exactly."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import workers.engine as eng
+import workers.shared_prefix as sp
+from tests.trio_helpers import demo_items, trio, trio_prompts
+from workers.cost import Meter
+from workers.engine import Engine, forward
+from workers.sampling import Warp
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    ps = trio_prompts(demo_items(3))
+    assert len({len(p.ids) for p in ps}) > 1  # unequal lengths: left padding inside the shared prefix
+    return ps
+
+
+def _decode(prompts, shared: bool, monkeypatch):
+    """Prefill 4 candidates per prompt, decode, drop every candidate of the longest prompt (so the left padding
+    of the others can be trimmed) and some others; returns the logits of every step and the final cache."""
+    runner = trio()
+    if not shared:
+        monkeypatch.setattr(eng, "share", lambda *a: None)
+    engine = Engine(runner.target, runner.pad_id, runner.eos_ids, Warp(1.0), 0, Meter(len(prompts)))
+    longest = max(range(len(prompts)), key=lambda i: len(prompts[i].ids))
+    logits = []
+    with torch.inference_mode():
+        batch = engine.prefill([p.ids for p in prompts], 4, [p.key for p in prompts], [30] * len(prompts))
+        assert isinstance(batch.cache, sp.SharedPrefixCache) == shared
+        for step in range(12):
+            if step == 4:
+                keep = [i for i in range(batch.size) if int(batch.group[i]) != longest and i % 4 != 1]
+                width = batch.kv_columns()
+                batch.select(torch.tensor(keep))
+                assert batch.kv_columns() < width  # the longest prompt's columns were holes for the rest: trimmed
+            batch.mask = torch.cat([batch.mask, batch.mask.new_ones(batch.size, 1)], 1)
+            out = forward(runner.target, "target", batch.pending[:, None], batch.mask, batch.cache, batch.group,
+                          engine.meter)[:, -1]
+            logits.append(out)
+            engine._sample_into(batch, out)
+    return logits, batch
+
+
+def test_shared_prefix_gives_the_repeated_caches_logits_through_selection_and_trim(prompts, monkeypatch):
+    shared, sb = _decode(prompts, True, monkeypatch)
+    with monkeypatch.context() as m:
+        repeated, rb = _decode(prompts, False, m)
+    for a, b in zip(shared, repeated):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    assert torch.equal(sb.tokens, rb.tokens)
+    # and against the model's own logits of each surviving sequence, recomputed from scratch
+    runner = trio()
+    with torch.inference_mode():
+        for r in range(sb.size):
+            seq = prompts[int(sb.group[r])].ids + sb.tokens[r, : int(sb.length[r]) - 1].tolist()
+            ref = runner.target(torch.tensor([seq])).logits[0, -1].float()
+            torch.testing.assert_close(shared[-1][r], ref, atol=1e-4, rtol=1e-4)
+
+
+def test_the_prompts_cache_is_held_once(prompts):
+    runner = trio()
+    engine = Engine(runner.target, runner.pad_id, runner.eos_ids, Warp(1.0), 0, Meter(len(prompts)))
+    with torch.inference_mode():
+        batch = engine.prefill([p.ids for p in prompts], 16, [p.key for p in prompts], [8] * len(prompts))
+        engine.step(batch)
+    layer = batch.cache.layers[0]
+    assert layer.pk.shape[0] == len(prompts)  # one copy per prompt, not per candidate
+    assert layer.keys.shape[0] == 16 * len(prompts) and layer.keys.shape[2] == 1  # per sequence: the new column
+
+
+def test_the_probe_refuses_what_it_cannot_share_exactly(monkeypatch):
+    target = trio().target
+    other = copy.deepcopy(target)
+    other.config._attn_implementation = "eager"
+    assert sp._probe(other) is False
+    assert sp._probe(target) is True
+
+    def off_by_a_bit(module, query, key, value, attention_mask, scaling=None, **kw):
+        return attention(module, query, key, value, attention_mask, scaling=(scaling or 1.0) * 1.01, **kw)
+
+    attention = sp.prefix_attention
+    monkeypatch.setitem(sp.AttentionInterface._global_mapping, sp.ATTENTION, off_by_a_bit)
+    assert sp._probe(target) is False
