@@ -30,7 +30,8 @@ def test_growing_layer_equals_dynamic_layer_under_every_operation():
         k, v = _kv(rows, rnd.randint(1, 9), gen)
         assert torch.equal(ref.update(k, v)[0], new.update(k, v)[0])
         for _ in range(40):
-            op = rnd.choice(["step", "step", "step", "chunk", "crop", "select", "repeat", "trim", "gather", "fork"])
+            op = rnd.choice(["step", "step", "step", "chunk", "crop", "select", "reorder", "repeat", "trim", "gather",
+                             "fork"])
             n = ref.get_seq_length()
             if op in ("step", "chunk"):
                 k, v = _kv(rows, 1 if op == "step" else rnd.randint(2, 90), gen)
@@ -46,6 +47,10 @@ def test_growing_layer_equals_dynamic_layer_under_every_operation():
                 ref.batch_select_indices(idx)
                 new.batch_select_indices(idx)
                 rows = idx.numel()
+            elif op == "reorder":  # beam search: any order, repeats allowed (copied into fresh storage)
+                idx = torch.tensor([rnd.randrange(rows) for _ in range(rows)])
+                ref.reorder_cache(idx)
+                new.reorder_cache(idx)
             elif op == "repeat" and rows < 8:
                 r = rnd.randint(1, 3)
                 ref.batch_repeat_interleave(r)
@@ -85,7 +90,7 @@ def test_steps_write_in_place_and_reallocate_only_with_headroom():
     assert layer.capacity <= 2100 + max(MIN_HEADROOM, 2100 // 4)
 
 
-def test_a_selection_copies_only_the_rows_kept_and_a_crop_copies_nothing():
+def test_a_selection_moves_rows_in_place_and_a_crop_copies_nothing():
     gen = torch.Generator().manual_seed(2)
     layer = GrowingLayer()
     layer.update(*_kv(8, 50, gen))
@@ -94,8 +99,9 @@ def test_a_selection_copies_only_the_rows_kept_and_a_crop_copies_nothing():
     assert layer.get_seq_length() == 40 and layer._k.data_ptr() == ptr
     layer.update(*_kv(8, 1, gen))  # writes over the cropped columns, in place
     assert layer._k.data_ptr() == ptr and layer.get_seq_length() == 41
-    layer.batch_select_indices(torch.tensor([1, 5]))
-    assert layer._k.shape[0] == 2 and layer.capacity >= 41
+    kept = layer.keys[[0, 5, 7]].clone()
+    layer.batch_select_indices(torch.tensor([0, 5, 7]))
+    assert layer._k.data_ptr() == ptr and torch.equal(layer.keys, kept)  # row 0 stayed, rows 5 and 7 moved down
 
 
 def test_new_cache_uses_growing_layers_for_full_attention():

@@ -22,8 +22,14 @@ def comparable(rows: list[dict]) -> list:
 def test_the_estimate_for_a_7b_llama_shape():
     kv = 2 * 32 * 32 * 128 * 2  # K and V x 32 layers x 32 KV heads x head dim 128 x bfloat16: 512 KiB a token
     need = batch_memory_need(rows=64, prompt_tokens=512, new_tokens=512, kv_bytes_per_token=kv, vocab=32000)
-    assert need == 64 * (2 * 1024 * kv + 8 * 1024 + 12 * 32000)
-    assert 64 < need / 2**30 < 66  # 64 candidates of 1k tokens: 64 GiB of cache at its peak, more than one H100
+    # 1,024 columns a sequence, held with a quarter of headroom (1,280), in every one of the 64 sequences
+    assert need == 64 * 1280 * kv + 64 * (8 * 1024 + 12 * 32000)
+    assert 40 < need / 2**30 < 41  # 64 candidates of 1k tokens: 40 GiB of cache at its peak
+    shared = batch_memory_need(rows=64, prompt_tokens=512, new_tokens=512, kv_bytes_per_token=kv, vocab=32000,
+                               shared_prompt=True)
+    # the prompt's 512 columns once, then each sequence's 512 new columns with their headroom (640)
+    assert shared == (512 + 64 * 640) * kv + 64 * (8 * 1024 + 12 * 32000)
+    assert 20 < shared / 2**30 < 21
 
 
 def test_a_batch_too_large_for_memory_is_split_with_identical_results():

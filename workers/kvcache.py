@@ -6,7 +6,7 @@ allocation page-faults. `GrowingLayer` keeps the keys and values in storage [B, 
 into the next free columns; `keys`/`values` are views of the columns in use, so attention reads only those. When
 the storage is full it is reallocated with headroom (a quarter of the length, at least `MIN_HEADROOM` columns),
 so the copying is amortised to a constant per column. Cropping the right end is free (the count of columns in use
-shrinks); selecting rows copies the rows kept, headroom included.
+shrinks); a selection moves the kept rows down in place.
 
 Code that replaces `layer.keys`/`layer.values` wholesale (e.g. dropping leading hole columns, packing holes) keeps
 working: the new tensor becomes the storage, and as it may be a view of someone else's memory, the next write
@@ -24,6 +24,12 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 MIN_HEADROOM = 64  # columns added beyond the need when the storage grows
+SELECT_CHUNK = 8  # rows moved at a time by an in-place selection (the temporary copy it needs)
+
+
+def storage_columns(columns: int) -> int:
+    """The most columns of storage a layer holds for `columns` columns in use (its headroom included)."""
+    return columns + max(MIN_HEADROOM, columns // 4)
 
 
 class GrowingLayer(DynamicLayer):
@@ -81,14 +87,14 @@ class GrowingLayer(DynamicLayer):
         return self.keys, self.values
 
     def _alloc(self, k: torch.Tensor, v: torch.Tensor, need: int) -> None:
-        cap = need + max(MIN_HEADROOM, need // 4)
+        cap = storage_columns(need)
         self._k = k.new_empty((*k.shape[:2], cap, k.shape[-1]))
         self._v = v.new_empty((*v.shape[:2], cap, v.shape[-1]))
         self._owned = True
 
     def _grow(self, columns: int) -> None:
         """Fresh storage for `columns` columns plus headroom, holding the columns in use."""
-        cap = max(columns + max(MIN_HEADROOM, columns // 4), self.capacity if self._owned else 0)
+        cap = max(storage_columns(columns), self.capacity if self._owned else 0)
         n = self._n
         k = self._k.new_empty((*self._k.shape[:2], cap, self._k.shape[-1]))
         v = self._v.new_empty((*self._v.shape[:2], cap, self._v.shape[-1]))
@@ -112,15 +118,26 @@ class GrowingLayer(DynamicLayer):
             self._n = self._nv = max(0, self._n + tokens_to_remove)
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        """Keep rows `indices`: fresh storage of the same capacity holding only their columns in use."""
-        if self._n:
-            n, idx = self._n, indices.to(self._k.device)
-            cap = self.capacity if self._owned else n + max(MIN_HEADROOM, n // 4)
-            k = self._k.new_empty((idx.numel(), self._k.shape[1], cap, self._k.shape[-1]))
-            v = self._v.new_empty((idx.numel(), self._v.shape[1], cap, self._v.shape[-1]))
-            torch.index_select(self._k[:, :, :n], 0, idx, out=k[:, :, :n])
-            torch.index_select(self._v[:, :, :n], 0, idx, out=v[:, :, :n])
-            self._k, self._v, self._owned = k, v, True
+        """Keep rows `indices`. Ascending indices (what compaction and rejection select) move the kept rows down
+        in place, a few rows at a time, so a selection allocates nothing and leaves the rows before the first
+        dropped one untouched; other selections (beam reordering) copy the rows into fresh storage."""
+        if not self._n:
+            return
+        n, idx = self._n, indices.to(self._k.device)
+        if self._owned and idx.numel() and bool((idx[1:] > idx[:-1]).all()):
+            moved = (idx != torch.arange(idx.numel(), device=idx.device)).nonzero().flatten()
+            for c in range(0, moved.numel(), SELECT_CHUNK):
+                dst = moved[c: c + SELECT_CHUNK]  # rows dst take rows idx[dst] >= dst: later sources are never hit
+                for t in (self._k, self._v):
+                    t[:, :, :n].index_copy_(0, dst, t[:, :, :n].index_select(0, idx[dst]))
+            self._k, self._v = self._k[: idx.numel()], self._v[: idx.numel()]
+            return
+        cap = self.capacity if self._owned else storage_columns(n)
+        k = self._k.new_empty((idx.numel(), self._k.shape[1], cap, self._k.shape[-1]))
+        v = self._v.new_empty((idx.numel(), self._v.shape[1], cap, self._v.shape[-1]))
+        torch.index_select(self._k[:, :, :n], 0, idx, out=k[:, :, :n])
+        torch.index_select(self._v[:, :, :n], 0, idx, out=v[:, :, :n])
+        self._k, self._v, self._owned = k, v, True
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         self.batch_select_indices(beam_idx)
@@ -129,7 +146,7 @@ class GrowingLayer(DynamicLayer):
         """Each row `repeats` times over: fresh storage of the same capacity, the columns in use copied once each."""
         if self._n:
             n = self._n
-            cap = self.capacity if self._owned else n + max(MIN_HEADROOM, n // 4)
+            cap = self.capacity if self._owned else storage_columns(n)
             out = []
             for t in (self._k, self._v):
                 b, h, _, d = t.shape

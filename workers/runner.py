@@ -18,6 +18,7 @@ from schemas.config import JobConfig
 from schemas.rows import error_row, prompt_problem
 from workers.cost import Meter
 from workers.engine import kv_bytes_per_token
+from workers.kvcache import storage_columns
 from workers.loading import context_length, load_causal_lm, load_reward_model, pick_device
 from workers.methods import get_method
 from workers.methods.common import Context, PoolSampler, PromptInput
@@ -25,6 +26,7 @@ from workers.methods.measures import add_measures
 from workers.methods.rejection import host_available_bytes
 from workers.rewards import LexicalScorer, LogprobScorer, PythonScorer, RewardModelScorer, render
 from workers.sampling import Warp, prompt_key
+from workers.shared_prefix import shares_exactly
 
 log = logging.getLogger(__name__)
 
@@ -52,12 +54,18 @@ class BatchTooLarge(RuntimeError):
     """One prompt's sequences cannot fit in the worker's memory (the job fails with this message)."""
 
 
-def batch_memory_need(rows: int, prompt_tokens: int, new_tokens: int, kv_bytes_per_token: int, vocab: int) -> int:
-    """Peak bytes of `rows` sequences of one prompt, an upper estimate: their KV cache at full length, twice (the
-    cache grows by concatenation, so the old and the new copy coexist for a step), their token buffer (int64), and
-    three float32 [rows, vocab] tensors per step (logits, warped logits, probabilities)."""
+def batch_memory_need(rows: int, prompt_tokens: int, new_tokens: int, kv_bytes_per_token: int, vocab: int,
+                      shared_prompt: bool = False) -> int:
+    """Peak bytes of `rows` sequences of one prompt, an upper estimate: their KV cache at full length in the
+    in-place storage of `workers.kvcache` (a quarter of headroom, at least MIN_HEADROOM columns; the prompt's
+    columns held once when `shared_prompt`, `workers.shared_prefix`, else in every sequence), their token buffer
+    (int64), and three float32 [rows, vocab] tensors per step (logits, warped logits, probabilities)."""
     length = prompt_tokens + new_tokens
-    return rows * (2 * length * kv_bytes_per_token + 8 * length + 3 * 4 * vocab)
+    if shared_prompt:
+        kv_columns = prompt_tokens + rows * storage_columns(new_tokens)
+    else:
+        kv_columns = rows * storage_columns(length)
+    return kv_columns * kv_bytes_per_token + rows * (8 * length + 3 * 4 * vocab)
 
 
 def free_memory_bytes(device: torch.device) -> int:
@@ -159,7 +167,10 @@ class Runner:
         grows = not (self.config.method.name == "speculative_rejection" and params.schedule == "memory")
         kv = kv_bytes_per_token(self.target) + (kv_bytes_per_token(self.draft) if self.draft is not None else 0)
         vocab = self.target.get_output_embeddings().weight.shape[0]
-        return batch_memory_need(rows, len(prompt.ids), prompt.limit if grows else 1, kv, vocab)
+        # the target-only engine shares a prompt's cache across its candidates where that is exact
+        shared = self.draft is None and rows > 1 and self.config.method.name in ("best_of_n", "speculative_rejection") \
+            and shares_exactly(self.target)
+        return batch_memory_need(rows, len(prompt.ids), prompt.limit if grows else 1, kv, vocab, shared)
 
     def memory_groups(self, ready: list[tuple[int, PromptInput]]) -> list[list[tuple[int, PromptInput]]]:
         """The batch's prompts in consecutive groups that each fit in the memory free now (`free_memory_bytes` x
