@@ -1,0 +1,70 @@
+"""The CUDA path of the engine: skipped without a CUDA device (CI has none; run `pytest -m gpu` on a GPU machine).
+
+What only a GPU can show: the memory schedule and the memory guard read the device's free memory; bfloat16 decoding
+keeps the exactness oracles within bfloat16's tolerance; the shared-prefix probe and the reward's prefix probe pass
+at their bfloat16 tolerance; the in-place KV cache stays on the device.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.trio_helpers import config, demo_items, trio_prompts
+from workers.runner import Runner, free_memory_bytes
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+
+def _runner(dtype: str, **over) -> Runner:
+    return Runner(config(models={"dtype": dtype}, resources={"gpus_per_worker": 1}, **over))
+
+
+def test_free_memory_is_the_devices_and_the_memory_schedule_uses_it():
+    from schemas.methods import SpeculativeRejection
+    from workers.methods.rejection import memory_budget_bytes
+
+    device = torch.device("cuda")
+    free = free_memory_bytes(device)
+    assert 0 < free <= torch.cuda.get_device_properties(device).total_memory
+    params = SpeculativeRejection(name="speculative_rejection", n=8, schedule="memory", memory_fraction=0.5)
+    budget = memory_budget_bytes(params, device)
+    assert 0.3 * free < budget <= 0.5 * torch.cuda.get_device_properties(device).total_memory
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_best_of_n_on_cuda_matches_generate_greedy_and_shares_the_prompt(dtype):
+    from workers.shared_prefix import shares_exactly
+
+    runner = _runner(dtype, method={"name": "best_of_n", "n": 3}, generation={"temperature": 0, "max_new_tokens": 24})
+    assert runner.device.type == "cuda"
+    assert shares_exactly(runner.target)  # the probe passes at this dtype's tolerance
+    items = demo_items(4)
+    rows = runner.run(items)
+    prompts = trio_prompts(items)
+    agree = 0
+    for row, p in zip(rows, prompts):
+        ids = torch.tensor([p.ids], device=runner.device)
+        out = runner.target.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                     max_new_tokens=24, pad_token_id=runner.pad_id)
+        ref = runner.tokenizer.decode(out[0, len(p.ids):], skip_special_tokens=True).strip()
+        agree += all(c["text"] == ref for c in row["candidates"])
+    # float32 must agree everywhere; bfloat16 rounding may flip a near-tie in a prompt or two
+    assert agree == len(items) if dtype == "float32" else agree >= len(items) - 1
+
+
+def test_the_kv_cache_grows_on_the_device():
+    from workers.cost import Meter
+    from workers.engine import Engine
+    from workers.sampling import Warp
+
+    runner = _runner("bfloat16")
+    prompts = trio_prompts(demo_items(2))
+    engine = Engine(runner.target, runner.pad_id, runner.eos_ids, Warp(1.0), 0, Meter(2))
+    with torch.inference_mode():
+        batch = engine.prefill([p.ids for p in prompts], 8, [p.key for p in prompts], [16, 16])
+        for _ in range(8):
+            engine.step(batch)
+    layer = batch.cache.layers[0]
+    assert layer.keys.device.type == "cuda" and layer.keys.dtype == torch.bfloat16
