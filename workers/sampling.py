@@ -82,14 +82,17 @@ class Warp:
         return self.temperature == 0.0
 
 
-# Sampling cost that scales with the vocabulary. The law and the draws are today's (below), computed without a full
-# sort or a [B, V] float64 cumsum:
+# Sampling cost that scales with the vocabulary. The kept sets, the probabilities (bit for bit) and the tokens are
+# those of the reference rules, a full sort for top-p (`_top_p_full_sort`) and one float64 cumsum over the
+# vocabulary for the draw (`_sample_direct`), but computed on the CPU without either:
 # - top-p: the k largest probabilities of each row (a partial sort, k grown for rows that need more) give the same
-#   mass_before as a full sort over the prefix that decides, hence the boundary probability v; tokens below v are
+#   mass_before as the full sort over the prefix that decides, hence the boundary probability v; tokens below v are
 #   zeroed. A row whose boundary falls inside a group of equal probabilities (some kept, some dropped: which ones
-#   depends on the sort's order of ties) takes the full sort, so the kept set is today's in every case;
+#   depends on the sort's order of ties) takes the full sort, so the kept set is the reference's in every case;
 # - inverse CDF: float64 sums of blocks of _BLOCK tokens locate the block of u * total, and a float64 cumsum inside
-#   that block only locates the token, in vocabulary order.
+#   that block only locates the token, in vocabulary order;
+# - no [B, V] temporary beyond the probabilities themselves, which next_tokens keeps in a reused buffer.
+# On an accelerator the reference rules run (sorts and cumsums are cheap there).
 _BLOCK = 1024  # tokens per block of the two-level inverse CDF
 _DIRECT_MAX_V = 2048  # at most this many tokens, one [B, V] cumsum is cheaper than two levels
 _ROW_LOOP_MIN_V = 8192  # from this many tokens, a per-row in-place threshold beats a [B, V] mask (CPU)
@@ -145,7 +148,11 @@ def _top_p_(probs: torch.Tensor, top_p: float) -> None:
     The rule is the full sort's (``_top_p_full_sort``): sorted descending, a token is dropped when the mass of the
     tokens sorted before it, mass_before = cumsum - p in float32, is >= top_p. mass_before is nondecreasing along
     the sorted order and its first k entries depend only on the k largest values, so the k largest values of a row
-    decide it as soon as the k-th is dropped: the kept tokens are those >= v, the last kept value."""
+    decide it as soon as the k-th is dropped: the kept tokens are those >= v, the last kept value. On other devices
+    the full sort, which is fast there (and a GPU's float32 cumsum of a prefix need not match the full one's)."""
+    if probs.device.type != "cpu":
+        probs.masked_fill_(_top_p_full_sort(probs, top_p), 0.0)
+        return
     n, v = probs.shape
     k = min(v, max(1024, v // 16))
     rows = torch.arange(n, device=probs.device)
@@ -174,12 +181,15 @@ def _top_p_(probs: torch.Tensor, top_p: float) -> None:
         probs[tied] = probs[tied].masked_fill(_top_p_full_sort(probs[tied], top_p), 0.0)
 
 
+_SOFTMAX_OUT = torch.ops.aten._softmax.out  # torch.softmax's kernel, writing into a given tensor
+
+
 def _softmax_into(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """softmax(x, -1) written into out [N, V], which may be x itself on the CPU (the CPU kernel maps element by
     element; the tests check the result is torch.softmax's, bit for bit)."""
     if out is x and x.device.type != "cpu":
         return out.copy_(torch.softmax(x, -1))
-    return torch.ops.aten._softmax.out(x, -1, False, out=out)
+    return _SOFTMAX_OUT(x, -1, False, out=out)
 
 
 def _warp_into(logits: torch.Tensor, warp: Warp, out: torch.Tensor) -> torch.Tensor:
@@ -273,7 +283,7 @@ def sample(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Inverse-CDF sampling: one token from each of the B distributions probs [B, V] (nonnegative, not
     necessarily normalised), with uniforms u [B]: the first token, in vocabulary order, whose float64 cumulative
     mass exceeds u * total; zero-probability tokens are never chosen."""
-    if probs.shape[-1] <= _DIRECT_MAX_V:
+    if probs.shape[-1] <= _DIRECT_MAX_V or probs.device.type != "cpu":  # one cumsum is cheap on an accelerator
         return _sample_direct(probs, u)
     return _sample_blocked(probs, u)
 
