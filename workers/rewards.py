@@ -3,8 +3,14 @@
 Every scorer takes a list of `Scored` items (one response each, partial or finished) and returns one float per
 item. The reward model usually has its own tokenizer and chat template, so a response is decoded to text with the
 target tokenizer, then rendered as prompt + assistant turn with the reward tokenizer's template and tokenised again.
-Model-based scoring is batched under a token budget (rows x padded length), shortest first; a causal reward model
-encodes the prompt its candidates share once (see RewardModelScorer).
+Model-based scoring is batched under a token budget (rows x padded length), shortest first, sized from the device's
+free memory and capped by `models.reward.batch_tokens`; a causal reward model encodes the prompt its candidates
+share once (see RewardModelScorer).
+
+A method that scores the same candidates again and again as they grow (Speculative Rejection's decisions) scores
+through a *session* (`RewardModelScorer.session`, or `Rescoring` for the other scorers): with a causal reward model
+the session keeps each candidate's reward-model KV cache between calls and feeds only the tokens its cache does not
+hold (see CachedScoring).
 """
 
 from __future__ import annotations
@@ -15,10 +21,11 @@ import math
 import os
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Hashable, Sequence
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from lexical import concept_coverage
 from workers.cost import Meter
@@ -78,6 +85,28 @@ def right_padded(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torc
     return ids, mask
 
 
+SCORING_MEMORY_FRACTION = 0.5  # of the device's free memory, for the transient tensors of one scoring forward
+CACHE_MEMORY_FRACTION = 0.25  # of the device's free memory (a session's own caches counted as free), for the caches
+# a session keeps between calls; rows past it are dropped and scored from their prompt again at their next call
+
+
+def device_free_bytes(device: torch.device) -> int | None:
+    """Free memory of the device, read as workers.runner.free_memory_bytes reads it: on CUDA the driver's free memory
+    plus what torch's caching allocator holds unused, on CPU the host's MemAvailable (None if it cannot be read)."""
+    if device.type == "cuda":
+        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return int(torch.cuda.mem_get_info(device)[0]) + int(cached)
+    from workers.methods.rejection import host_available_bytes  # here, not at the top: rejection imports this module
+
+    return host_available_bytes()
+
+
+def last_real(ids: list[int], pad_id: int | None) -> int:
+    """Index of the token a sequence-classification head reads: the last one that is not `pad_id` (transformers
+    looks for the rightmost non-pad token of input_ids), 0 if there is none."""
+    return max((i for i, t in enumerate(ids) if t != pad_id), default=0)
+
+
 class RewardModelScorer:
     """An AutoModelForSequenceClassification with num_labels = 1: the scalar logit is the reward.
 
@@ -86,40 +115,93 @@ class RewardModelScorer:
     trick, applied to scoring); only the responses are encoded row by row. A probe at load decides: the model's
     scores of two probe sequences with and without the shared cache must agree. Bidirectional encoders (BERT-like
     reward models) fail it, because their prompt tokens attend to the response, and are scored whole.
+
+    A model that passes also scores incrementally in a session (`session`, CachedScoring) when a second probe, a
+    cache with dropped (holed) tokens fed again, gives its scores too; `incremental` says whether it did.
+
+    Batches: rows x padded input length stays under what SCORING_MEMORY_FRACTION of the device's free memory holds
+    (`forward_bytes`, with the cache's bytes per token measured by the probe), and under `batch_tokens` when set
+    (the user's cap, `models.reward.batch_tokens`; None: memory alone).
     """
 
     MIN_SHARED = 8  # shorter shared prefixes are not worth a separate prefill
 
-    def __init__(self, model, tokenizer, batch_tokens: int, meter_role: str = "reward"):
+    def __init__(self, model, tokenizer, batch_tokens: int | None, meter_role: str = "reward"):
         self.model, self.tok, self.batch_tokens = model, tokenizer, batch_tokens
         self.device = next(model.parameters()).device
+        self.dtype_bytes = next(model.parameters()).element_size()
         self.max_len = context_length(model)
         if self.max_len is None:
             log.warning("models.reward.path: the reward model's config has no max_position_embeddings, so reward "
                         "inputs are not cut to a context length")
         self.role = meter_role
         self.pad = self.tok.pad_token_id
+        self.head_pad = model.config.get_text_config().pad_token_id  # the id the classification head skips
+        self.kv_bytes_per_token = config_kv_bytes(model)  # replaced by the cache's own, measured by the probe
         self.shares_prefix = prefix_sharing_is_exact(model, self.pad)
-        log.info("reward model %s the shared prompt prefix", "caches" if self.shares_prefix else "does not cache")
+        self.incremental = self.shares_prefix and incremental_is_exact(self)
+        log.info("reward model %s", "keeps each candidate's cache between calls" if self.incremental else
+                 "caches the shared prompt prefix" if self.shares_prefix else "scores whole sequences")
+
+    def session(self, meter: Meter):
+        """A scoring session for candidates scored again as they grow: CachedScoring when `incremental`, else one
+        that scores every call afresh (Rescoring)."""
+        if self.incremental:
+            return CachedScoring(self, meter)
+        return Rescoring(lambda items: self(items, meter))
 
     def encode(self, item: Scored) -> list[int]:
         """The item in the reward model's template as token ids, whole (it may be longer than the context)."""
         text = render(self.tok, item.prompt + [{"role": "assistant", "content": item.text}], False)
         return self.tok(text, add_special_tokens=False)["input_ids"]
 
-    @torch.inference_mode()
-    def __call__(self, items: list[Scored], meter: Meter) -> list[float]:
+    def encode_all(self, items: list[Scored], meter: Meter) -> tuple[list[list[int]], set[int]]:
+        """Every item encoded, those longer than the context cut to their last max_len tokens (the response's end)
+        and counted per prompt (stats.reward_inputs_truncated); also the indices of the cut ones."""
         encoded = [self.encode(it) for it in items]
-        over = [i for i, ids in enumerate(encoded) if self.max_len is not None and len(ids) > self.max_len]
-        if over:  # keep the response's end, and count the cut per prompt (stats.reward_inputs_truncated)
+        over = {i for i, ids in enumerate(encoded) if self.max_len is not None and len(ids) > self.max_len}
+        if over:
             for i in over:
                 encoded[i] = encoded[i][-self.max_len:]
-            meter.count_truncated(torch.tensor([items[i].group for i in over]))
-        out = [0.0] * len(items)
+            meter.count_truncated(torch.tensor([items[i].group for i in sorted(over)]))
+        return encoded, over
+
+    def forward_bytes(self, rows: int, new: int, cached: int) -> int:
+        """Peak bytes of one scoring forward of `rows` sequences feeding `new` tokens each over `cached` columns of
+        cache, an upper estimate: per new token, one layer's activations (8 x hidden + 3 x intermediate values),
+        its cache entry, and float32 attention scores of every head plus the mask over the cached and new columns;
+        per row, one layer's cache copied while it grows by concatenation."""
+        cfg = self.model.config.get_text_config()
+        hidden = cfg.hidden_size
+        inter = getattr(cfg, "intermediate_size", None) or 4 * hidden
+        act = self.dtype_bytes * (8 * hidden + 3 * inter)
+        kv, cols = self.kv_bytes_per_token, cached + new
+        per_row = new * (act + kv + 4 * (cfg.num_attention_heads + 1) * cols) + cols * kv // cfg.num_hidden_layers
+        return rows * per_row
+
+    def tokens_budget(self, free: int | None, new: int, cached: int = 0) -> float:
+        """Most rows x `new` tokens for one forward over `cached` columns: what SCORING_MEMORY_FRACTION of `free`
+        bytes holds (`forward_bytes`, at least one row), capped by batch_tokens."""
+        budget = math.inf
+        if free is not None:
+            rows = int(free * SCORING_MEMORY_FRACTION) // max(1, self.forward_bytes(1, max(new, 1), cached))
+            budget = max(1, rows) * max(new, 1)
+        return budget if self.batch_tokens is None else min(budget, self.batch_tokens)
+
+    @torch.inference_mode()
+    def __call__(self, items: list[Scored], meter: Meter) -> list[float]:
+        encoded, _ = self.encode_all(items, meter)
+        return self.score_encoded([it.group for it in items], encoded, meter)
+
+    def score_encoded(self, groups: list[int], encoded: list[list[int]], meter: Meter) -> list[float]:
+        """Scores of encoded sequences of prompts `groups`, each prompt's shared prefix encoded once per batch when
+        the model allows it, the others whole."""
+        free = device_free_bytes(self.device)
+        out = [0.0] * len(encoded)
         whole: list[int] = []
         by_group: dict[int, list[int]] = defaultdict(list)
-        for i, it in enumerate(items):
-            by_group[it.group].append(i)
+        for i, g in enumerate(groups):
+            by_group[g].append(i)
         for group, idx in by_group.items():
             shared = shared_prefix([encoded[i] for i in idx], self.pad) if self.shares_prefix and len(idx) > 1 else 0
             if shared < self.MIN_SHARED:
@@ -127,21 +209,32 @@ class RewardModelScorer:
                 continue
             suffixes = [encoded[i][shared:] for i in idx]
             prefix = encoded[idx[0]][:shared]
-            for batch in token_budget_batches([shared + len(s) for s in suffixes], self.batch_tokens):
-                scores, lengths = score_with_prefix(self.model, self.pad, prefix, [suffixes[b] for b in batch],
-                                                    self.device)
+            lengths = [shared + len(s) for s in suffixes]
+            for batch in token_budget_batches(lengths, self.tokens_budget(free, max(lengths))):
+                scores, lengths_ = score_with_prefix(self.model, self.pad, prefix, [suffixes[b] for b in batch],
+                                                     self.device)
                 meter.count_forward(self.role, torch.tensor([group]), torch.tensor([shared]))
-                meter.count_forward(self.role, torch.full((len(batch),), group), lengths)
+                meter.count_forward(self.role, torch.full((len(batch),), group), lengths_)
                 for b, v in zip(batch, scores):
                     out[idx[b]] = v
-        for batch in token_budget_batches([len(encoded[i]) for i in whole], self.batch_tokens):
+        lengths = [len(encoded[i]) for i in whole]
+        for batch in token_budget_batches(lengths, self.tokens_budget(free, max(lengths, default=1))):
             rows = [whole[b] for b in batch]
             ids, mask = right_padded([encoded[i] for i in rows], self.pad)
             logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).logits
             for i, v in zip(rows, logits[:, 0].float().cpu().tolist()):
                 out[i] = v
-            meter.count_forward(self.role, torch.tensor([items[i].group for i in rows]), mask.sum(-1))
+            meter.count_forward(self.role, torch.tensor([groups[i] for i in rows]), mask.sum(-1))
         return out
+
+
+def config_kv_bytes(model) -> int:
+    """KV-cache bytes per token from the model config: 2 x layers x kv_heads x head_dim x dtype bytes."""
+    cfg = model.config.get_text_config()
+    heads = cfg.num_attention_heads
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    return 2 * cfg.num_hidden_layers * kv_heads * head_dim * next(model.parameters()).element_size()
 
 
 def score_with_prefix(model, pad_id: int, prefix: list[int], suffixes: list[list[int]],
@@ -160,13 +253,23 @@ def score_with_prefix(model, pad_id: int, prefix: list[int], suffixes: list[list
     return logits[:, 0].float().cpu().tolist(), mask.sum(-1).cpu()
 
 
+def _probe_tokens(model, pad_id: int | None, count: int) -> list[int]:
+    """`count` fixed pseudo-random token ids, never the pad token."""
+    vocab = model.config.get_text_config().vocab_size
+    gen = torch.Generator().manual_seed(0)
+    return [t for t in torch.randint(0, vocab, (4 * count,), generator=gen).tolist() if t != pad_id][:count]
+
+
+def _close(got: list[float], want: list[float], model) -> bool:
+    tol = 1e-4 if next(model.parameters()).dtype == torch.float32 else 2e-2
+    return all(abs(a - b) <= tol * max(1.0, abs(b)) for a, b in zip(got, want))
+
+
 @torch.inference_mode()
 def prefix_sharing_is_exact(model, pad_id: int | None) -> bool:
     """Whether scoring with a shared prefix's cache gives the model's own scores: two probe sequences (fixed
     pseudo-random tokens, never the pad token) sharing 12 tokens, of unequal lengths, scored both ways."""
-    vocab = model.config.get_text_config().vocab_size
-    gen = torch.Generator().manual_seed(0)
-    tokens = [t for t in torch.randint(0, vocab, (64,), generator=gen).tolist() if t != pad_id][:20]
+    tokens = _probe_tokens(model, pad_id, 20)
     prefix, suffixes = tokens[:12], [tokens[12:16], tokens[16:18]]
     device = next(model.parameters()).device
     try:
@@ -175,8 +278,357 @@ def prefix_sharing_is_exact(model, pad_id: int | None) -> bool:
         log.info("reward model cannot score with a cached prefix: %s", err)
         return False
     whole = [model(input_ids=torch.tensor([prefix + s], device=device)).logits[0, 0].float().item() for s in suffixes]
-    tol = 1e-4 if next(model.parameters()).dtype == torch.float32 else 2e-2
-    return all(abs(a - b) <= tol * max(1.0, abs(b)) for a, b in zip(cached, whole))
+    return _close(cached, whole, model)
+
+
+@torch.inference_mode()
+def incremental_is_exact(scorer: RewardModelScorer) -> bool:
+    """Whether a CachedScoring session gives the model's own scores over two calls: three probe sequences, two of
+    them sharing a prefix, then one of those with its last held token replaced and more appended (a hole in the
+    cache), the other extended, and a third new; each scored whole for comparison. Measures the cache's bytes per
+    token (`kv_bytes_per_token`) on the way. Only plain full-attention cache layers (DynamicLayer) qualify."""
+    model = scorer.model
+    if any(type(layer) is not DynamicLayer for layer in DynamicCache(config=model.config).layers):
+        return False  # sliding-window and other layer kinds keep their own column bookkeeping
+    t = _probe_tokens(model, scorer.head_pad, 40)
+    first = [t[:16], t[:12] + t[16:19]]
+    second = [first[0][:-1] + t[20:23], first[1] + t[23:25], t[25:31]]
+    session = CachedScoring(scorer, Meter(1))
+    try:
+        got = session.feed(["a", "b"], [0, 0], first, [False, False])
+        measured = session.cache_bytes() // max(1, sum(p.size * p.width for p in session.parts))
+        got += session.feed(["a", "b", "c"], [0, 0, 0], second, [False] * 3)
+    except (TypeError, ValueError, RuntimeError, AttributeError, IndexError) as err:
+        log.info("reward model cannot score incrementally: %s", err)
+        return False
+    device = scorer.device
+    whole = [model(input_ids=torch.tensor([s], device=device)).logits[0, 0].float().item() for s in first + second]
+    if measured > 0:
+        scorer.kv_bytes_per_token = measured
+    return _close(got, whole, model)
+
+
+class Rescoring:
+    """A session that scores every call afresh with `score(items) -> list[float]` (scorers that keep no state)."""
+
+    def __init__(self, score: Callable[[list[Scored]], list]):
+        self._score = score
+
+    def score(self, keys: Sequence[Hashable], items: list[Scored], final: Sequence[bool] | None = None) -> list:
+        return self._score(items) if items else []
+
+    @torch.inference_mode()
+    def release(self, keys: Sequence[Hashable]) -> None:
+        pass
+
+
+class _Rows:
+    """Reward-model caches of some scored sequences, one row each, that one forward serves.
+
+    Row r holds its tokens `ids[r]` in `cache` at the columns that `mask` [r, C] marks 1, in order; the 0 columns
+    are holes (columns fed for other rows, or held tokens dropped because the row's encoding changed there). Holes
+    are never attended to and position ids count only real columns, so a row's cache is that of its tokens alone.
+    `scores[r]` is the score of `ids[r]`; `plan[r]` is (tokens kept, item index) while a call feeds row r."""
+
+    def __init__(self, cache: DynamicCache | None, mask: torch.Tensor, keys: list, groups: list[int],
+                 ids: list[list[int]], scores: list[float | None]):
+        self.cache = cache  # None while the rows hold no column
+        self.mask = mask  # [R, C] long
+        self.keys, self.groups, self.ids, self.scores = keys, groups, ids, scores
+        self.plan: list[tuple[int, int] | None] = [None] * len(keys)
+
+    @property
+    def size(self) -> int:
+        return len(self.keys)
+
+    @property
+    def width(self) -> int:
+        return int(self.mask.shape[1])
+
+    def layers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return [] if self.cache is None else [(layer.keys, layer.values) for layer in self.cache.layers]
+
+    def nbytes(self) -> int:
+        return sum(k.nbytes + v.nbytes for k, v in self.layers())
+
+
+def _cache_from(model, layers: list[tuple[torch.Tensor, torch.Tensor]]) -> DynamicCache | None:
+    """A DynamicCache holding each layer's (keys, values) [R, H, C, D]; None for no layers or no columns."""
+    if not layers or layers[0][0].shape[-2] == 0:
+        return None
+    cache = DynamicCache(config=model.config)
+    for i, (k, v) in enumerate(layers):
+        cache.update(k, v, i)
+    return cache
+
+
+def _take(model, rows: _Rows, idx: list[int]) -> _Rows:
+    """Rows `idx` of `rows` (repeats allowed), copied, their plans included."""
+    t = torch.tensor(idx, dtype=torch.long, device=rows.mask.device)
+    layers = [(k.index_select(0, t), v.index_select(0, t)) for k, v in rows.layers()]
+    out = _Rows(_cache_from(model, layers), rows.mask.index_select(0, t), [rows.keys[i] for i in idx],
+                [rows.groups[i] for i in idx], [list(rows.ids[i]) for i in idx], [rows.scores[i] for i in idx])
+    out.plan = [rows.plan[i] for i in idx]
+    return out
+
+
+def _join(model, parts: list[_Rows]) -> _Rows:
+    """Parts stacked into one, the narrower ones padded on the left with holes."""
+    width = max(p.width for p in parts)
+    template = next((p.layers() for p in parts if p.cache is not None), [])
+    layers = []
+    for li, (k0, v0) in enumerate(template):
+        ks, vs = [], []
+        for p in parts:
+            if p.cache is None:
+                ks.append(k0.new_zeros(p.size, k0.shape[1], width, k0.shape[3]))
+                vs.append(v0.new_zeros(p.size, v0.shape[1], width, v0.shape[3]))
+            else:
+                k, v = p.layers()[li]
+                ks.append(torch.nn.functional.pad(k, (0, 0, width - p.width, 0)))
+                vs.append(torch.nn.functional.pad(v, (0, 0, width - p.width, 0)))
+        layers.append((torch.cat(ks), torch.cat(vs)))
+    mask = torch.cat([torch.nn.functional.pad(p.mask, (width - p.width, 0)) for p in parts])
+    out = _Rows(_cache_from(model, layers), mask, [k for p in parts for k in p.keys],
+                [g for p in parts for g in p.groups], [i for p in parts for i in p.ids],
+                [s for p in parts for s in p.scores])
+    out.plan = [x for p in parts for x in p.plan]
+    return out
+
+
+def _pack(model, rows: _Rows) -> _Rows:
+    """The rows without their holes: each row's real columns, in order, right-aligned in the fewest columns."""
+    width = int(rows.mask.sum(1).max()) if rows.size else 0
+    if width == rows.width:
+        return rows
+    idx = torch.sort(rows.mask, dim=1, stable=True).indices[:, rows.width - width:]  # [R, W]: holes first, kept order
+    layers = []
+    for k, v in rows.layers():
+        at = idx[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[3])
+        layers.append((k.gather(2, at), v.gather(2, at)))
+    out = _Rows(_cache_from(model, layers), rows.mask.gather(1, idx), rows.keys, rows.groups, rows.ids, rows.scores)
+    out.plan = rows.plan
+    return out
+
+
+class CachedScoring:
+    """Scores candidates again and again as they grow, keeping each one's reward-model KV cache between calls.
+
+    A call (`score(keys, items, final)`) renders and tokenises every item afresh, as whole scoring does; then, for
+    a key whose cache is held, the leading tokens that the cache holds and that the new encoding starts with are
+    kept, the rest of the held tokens are dropped (holed in the mask: the template's end-of-turn tokens, which move
+    as the response grows, and any token whose encoding changed, e.g. a word merged across the old end), and only
+    the new encoding's remaining tokens are fed. The kept part never reaches past the token the classification
+    head reads (the last non-pad one), so every row feeds at least that token; an unchanged encoding gets its last
+    score without a forward. Positions count only real columns, so every score equals the model's score of the
+    whole encoding (float noise aside). A key without a cache starts from its prompt's shared prefix, encoded once
+    for the prompt's new keys of the call (as RewardModelScorer does), or from nothing.
+
+    New tokens are right-aligned in each forward, so every row's last column is its last token (what the head
+    reads); the shorter rows' holes sit before their new tokens. Rows that one forward serves share one cache
+    (`_Rows`); a call joins small ones and splits large ones to keep each forward within the memory budget
+    (`RewardModelScorer.tokens_budget`, the cached columns counted), and packs out holes once they pass
+    PACK_FRACTION of a cache's columns. Keys leave in bulk (`release`, one selection per cache); `final` keys (a
+    finished candidate's last score) are released at the next `release` too, and a batch made only of new final
+    keys is never kept. Inputs cut to the reward model's context are scored whole and not kept (the cut moves).
+    The caches kept stay under CACHE_MEMORY_FRACTION of the free memory; rows over it are dropped at `release`
+    (and start from their prompt again). Every token fed is counted in the meter.
+    """
+
+    PACK_FRACTION = 0.5
+
+    def __init__(self, scorer: RewardModelScorer, meter: Meter):
+        self.s, self.meter = scorer, meter
+        self.parts: list[_Rows] = []
+        self.leaving: set = set()  # keys to drop at the next release (final, or cut to the context)
+        self.warned = False
+
+    def cache_bytes(self) -> int:
+        return sum(p.nbytes() for p in self.parts)
+
+    def held(self) -> list:
+        """The keys whose caches are held."""
+        return [k for p in self.parts for k in p.keys]
+
+    @torch.inference_mode()
+    def score(self, keys: Sequence[Hashable], items: list[Scored], final: Sequence[bool] | None = None) -> list[float]:
+        """Scores of items (one per key; a key names one candidate for the session's life). `final`: the items
+        scored for the last time (their keys leave at the next release)."""
+        final = list(final) if final is not None else [False] * len(items)
+        encoded, cut = self.s.encode_all(items, self.meter)
+        out: list[float] = [0.0] * len(items)
+        if cut:
+            idx = sorted(cut)
+            values = self.s.score_encoded([items[i].group for i in idx], [encoded[i] for i in idx], self.meter)
+            for i, v in zip(idx, values):
+                out[i] = v
+            self.leaving.update(keys[i] for i in idx)
+        todo = [i for i in range(len(items)) if i not in cut]
+        values = self.feed([keys[i] for i in todo], [items[i].group for i in todo], [encoded[i] for i in todo],
+                           [final[i] for i in todo])
+        for i, v in zip(todo, values):
+            out[i] = v
+        return out
+
+    @torch.inference_mode()
+    def release(self, keys: Sequence[Hashable]) -> None:
+        """Drop the caches of `keys` and of the keys marked leaving, in bulk; pack caches whose holes pass
+        PACK_FRACTION; keep the caches held under CACHE_MEMORY_FRACTION of the free memory."""
+        gone = set(keys) | self.leaving
+        self.leaving = set()
+        parts = []
+        for p in self.parts:
+            stay = [r for r, k in enumerate(p.keys) if k not in gone]
+            if not stay:
+                continue
+            if len(stay) < p.size:
+                p = _take(self.s.model, p, stay)
+            if p.width and float(p.mask.sum()) < (1 - self.PACK_FRACTION) * p.size * p.width:
+                p = _pack(self.s.model, p)
+            parts.append(p)
+        self.parts = parts
+        free = device_free_bytes(self.s.device)
+        if free is None:
+            return
+        held = self.cache_bytes()
+        allowed = (free + held) * CACHE_MEMORY_FRACTION
+        while self.parts and held > allowed:
+            held -= self.parts.pop().nbytes()
+            if not self.warned:
+                self.warned = True
+                log.info("reward caches over %.0f%% of the free memory: some candidates are scored from their prompt "
+                         "again", 100 * CACHE_MEMORY_FRACTION)
+
+    # -- one call, token level -------------------------------------------------------------------------------------
+    def feed(self, keys: list, groups: list[int], encoded: list[list[int]], final: list[bool]) -> list[float]:
+        """Scores of `encoded` (whole sequences, at most the context long) of prompts `groups`, under `keys`."""
+        if len(set(keys)) != len(keys):
+            raise ValueError("CachedScoring: each key may be scored once per call")
+        free = device_free_bytes(self.s.device)
+        out: list[float] = [0.0] * len(keys)
+        where = {k: (p, r) for p in self.parts for r, k in enumerate(p.keys)}
+        fresh: dict[int, list[int]] = defaultdict(list)  # prompt -> its items without a cache
+        for i, (k, ids) in enumerate(zip(keys, encoded)):
+            if final[i]:
+                self.leaving.add(k)
+            if k not in where:
+                fresh[groups[i]].append(i)
+                continue
+            p, r = where[k]
+            if p.ids[r] == ids and p.scores[r] is not None:
+                out[i] = p.scores[r]
+                continue
+            keep = min(len(os.path.commonprefix([p.ids[r], ids])), last_real(ids, self.s.head_pad))
+            p.plan[r] = (keep, i)
+        self._feed_held(encoded, free, out)
+        self._feed_fresh(keys, groups, encoded, final, fresh, free, out)
+        return out
+
+    def _new_tokens(self, p: _Rows, encoded: list[list[int]]) -> int:
+        return max((len(encoded[x[1]]) - x[0] for x in p.plan if x is not None), default=0)
+
+    def _fits(self, parts: list[_Rows], encoded: list[list[int]], free: int | None) -> bool:
+        new = max(self._new_tokens(p, encoded) for p in parts)
+        rows = sum(p.size for p in parts)
+        return rows * new <= self.s.tokens_budget(free, new, max(p.width for p in parts))
+
+    def _feed_held(self, encoded: list[list[int]], free: int | None, out: list[float]) -> None:
+        """Feed the held rows planned this call: small caches joined, large ones split, to fit the budget."""
+        busy = [p for p in self.parts if any(x is not None for x in p.plan)]
+        if not busy:
+            return
+        idle = [p for p in self.parts if all(x is None for x in p.plan)]
+        batches: list[list[_Rows]] = []
+        for p in busy:
+            if batches and self._fits(batches[-1] + [p], encoded, free):
+                batches[-1].append(p)
+            else:
+                batches.append([p])
+        fed = []
+        for b in batches:
+            joined = _join(self.s.model, b) if len(b) > 1 else b[0]
+            for piece in self._split(joined, encoded, free):
+                self._forward(piece, encoded, out)
+                fed.append(piece)
+        self.parts = idle + fed
+
+    def _split(self, p: _Rows, encoded: list[list[int]], free: int | None) -> list[_Rows]:
+        if self._fits([p], encoded, free):
+            return [p]
+        lengths = [len(encoded[x[1]]) - x[0] if x is not None else 1 for x in p.plan]
+        budget = self.s.tokens_budget(free, max(lengths), p.width)
+        return [_take(self.s.model, p, rows) for rows in token_budget_batches(lengths, budget)]
+
+    def _feed_fresh(self, keys: list, groups: list[int], encoded: list[list[int]], final: list[bool],
+                    fresh: dict[int, list[int]], free: int | None, out: list[float]) -> None:
+        """Feed the items without a cache: each prompt's shared prefix encoded once (a one-row seed), repeated over
+        its items, in batches within the budget."""
+        if not fresh:
+            return
+        model = self.s.model
+        seeds, shared_of = {}, {}
+        for g, idx in fresh.items():
+            shared = shared_prefix([encoded[i] for i in idx], self.s.head_pad) if len(idx) > 1 else 0
+            shared_of[g] = shared if shared >= self.s.MIN_SHARED else 0
+            seeds[g] = self._seed(g, encoded[idx[0]][: shared_of[g]])
+        items = [i for idx in fresh.values() for i in idx]
+        lengths = [len(encoded[i]) - shared_of[groups[i]] for i in items]
+        budget = self.s.tokens_budget(free, max(lengths), max(shared_of.values()))
+        for batch in token_budget_batches(lengths, budget):
+            by_group: dict[int, list[int]] = defaultdict(list)
+            for b in batch:
+                by_group[groups[items[b]]].append(items[b])
+            parts = []
+            for g, idx in by_group.items():
+                part = _take(model, seeds[g], [0] * len(idx))
+                part.keys, part.groups = [keys[i] for i in idx], [g] * len(idx)
+                part.plan = [(shared_of[g], i) for i in idx]
+                parts.append(part)
+            rows = _join(model, parts) if len(parts) > 1 else parts[0]
+            self._forward(rows, encoded, out)
+            if not all(final[i] for i in (items[b] for b in batch)):
+                self.parts.append(rows)
+
+    def _seed(self, group: int, prefix: list[int]) -> _Rows:
+        """One row holding `prefix` (encoded now, and counted), or nothing when it is empty."""
+        device = self.s.device
+        if not prefix:
+            return _Rows(None, torch.zeros((1, 0), dtype=torch.long, device=device), [None], [group], [[]], [None])
+        cache = DynamicCache(config=self.s.model.config)
+        ids = torch.tensor([prefix], dtype=torch.long, device=device)
+        self.s.model(input_ids=ids, attention_mask=torch.ones_like(ids), past_key_values=cache, use_cache=True)
+        self.meter.count_forward(self.s.role, torch.tensor([group]), torch.tensor([len(prefix)]))
+        return _Rows(cache, torch.ones_like(ids), [None], [group], [list(prefix)], [None])
+
+    def _forward(self, p: _Rows, encoded: list[list[int]], out: list[float]) -> None:
+        """Feed each planned row of p its new tokens (after dropping the held tokens past the kept ones) and read
+        its score; the rows not planned take hole columns."""
+        model, device = self.s.model, p.mask.device
+        feeds = [encoded[x[1]][x[0]:] if x is not None else [] for x in p.plan]
+        new = max(len(f) for f in feeds)
+        keep = torch.tensor([x[0] if x is not None else len(ids) for x, ids in zip(p.plan, p.ids)], device=device)
+        mask = p.mask * (p.mask.cumsum(1) <= keep[:, None])  # [R, C]: held tokens past the kept ones become holes
+        fill = self.s.head_pad if self.s.head_pad is not None else 0
+        ids = torch.full((p.size, new), fill, dtype=torch.long)
+        block = torch.zeros((p.size, new), dtype=torch.long)
+        for r, f in enumerate(feeds):
+            if f:
+                ids[r, new - len(f):] = torch.tensor(f, dtype=torch.long)
+                block[r, new - len(f):] = 1
+        mask = torch.cat([mask, block.to(device)], dim=1)  # [R, C + new]
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)[:, -new:]  # [R, new]: positions count only real columns
+        cache = p.cache if p.cache is not None else DynamicCache(config=model.config)
+        logits = model(input_ids=ids.to(device), attention_mask=mask, position_ids=pos, past_key_values=cache,
+                       use_cache=True).logits[:, 0].float().cpu().tolist()
+        p.cache, p.mask = cache, mask
+        fed = [r for r, x in enumerate(p.plan) if x is not None]
+        for r in fed:
+            k, i = p.plan[r]
+            p.ids[r] = p.ids[r][:k] + feeds[r]
+            p.scores[r] = out[i] = logits[r]
+        self.meter.count_forward(self.s.role, torch.tensor([p.groups[r] for r in fed]),
+                                 torch.tensor([len(feeds[r]) for r in fed]))
+        p.plan = [None] * p.size
 
 
 class LogprobScorer:

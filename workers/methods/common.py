@@ -15,7 +15,7 @@ from typing import Callable
 import torch
 
 from workers.cost import Meter
-from workers.rewards import Scored
+from workers.rewards import Rescoring, Scored
 from workers.sampling import Warp
 
 
@@ -93,6 +93,15 @@ class Context:
         if self.reward is None:
             return [None] * len(items)
         return self.reward(items, self.meter) if items else []
+
+    def reward_session(self):
+        """A scoring session for candidates scored again as they grow (Speculative Rejection's decisions): the
+        reward's own when it keeps state between calls (`session(meter)`: a causal reward model keeps each
+        candidate's cache, workers.rewards.CachedScoring), else one that scores every call afresh. Either has
+        `score(keys, items, final) -> rewards` (a key names one candidate; `final`: its last score) and
+        `release(keys)` (candidates that will not be scored again, in bulk)."""
+        make = getattr(self.reward, "session", None)
+        return make(self.meter) if make is not None else Rescoring(self.score)
 
     def finish_reason(self, tokens: list[int]) -> str:
         return "eos" if tokens and tokens[-1] in self.eos_ids else "length"
