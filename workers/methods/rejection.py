@@ -15,7 +15,10 @@ candidate. The cut itself is the pure function `rejection_cut`. The answer is th
 highest final reward (eq. 6).
 
 Best-of-N is the same pool with no decision tokens. Rejected sequences leave the KV cache by selection
-(`Batch.select`), so a round costs the scoring and nothing more. The driver, `run_pool`, loops over plain functions
+(`Batch.select`), so a round costs the scoring and nothing more; and the scoring goes through one reward session
+per pool (`Context.reward_session`), which with a causal reward model keeps each running candidate's reward-model
+cache from one decision to the next, so a decision feeds the reward model the tokens generated since the last one
+(plus the template's end-of-turn tokens), not every response whole. The driver, `run_pool`, loops over plain functions
 of a `Pool`: `harvest` (finished sequences into their pools), `decide` (one rejection round) and `pool_results`.
 """
 
@@ -33,7 +36,6 @@ from schemas.methods import BestOfN, SpeculativeRejection
 from workers.engine import Batch
 from workers.methods.common import Candidate, Context, MethodResult, PromptInput, best_of, reward_stats
 from workers.methods.samplers import pool_sampler
-from workers.rewards import Scored
 
 # Dead (finished) sequences leave the cache once they are at least 1/COMPACT_FRACTION of the batch.
 COMPACT_FRACTION = 8
@@ -166,6 +168,8 @@ class Pool:
     partials: dict[tuple[int, int], list[float]] = field(default_factory=lambda: defaultdict(list))  # (prompt, cand)
     decisions: dict[int, list[int]] = field(default_factory=lambda: defaultdict(list))  # prompt -> response lengths
     unscored: list[tuple[int, int]] = field(default_factory=list)  # finished since the last decision, no reward yet
+    scoring: object = None  # the reward session (Context.reward_session), made at the first scoring: it keeps each
+    # running candidate's reward-model cache from one decision to the next
 
     @property
     def running(self) -> bool:
@@ -200,24 +204,39 @@ def harvest(ctx: Context, pool: Pool) -> None:
     b.compact(min_dead=max(1, b.size // COMPACT_FRACTION))
 
 
-def score_finished(ctx: Context, pool: Pool, extra: list[Scored] = ()) -> list[float | None]:
-    """Give the candidates finished since the last decision their final reward, scoring `extra` items in the same
-    call; returns the rewards of `extra`."""
-    items = list(extra) + [ctx.scored(g, pool.prompts[g], pool.pools[g][c].tokens) for g, c in pool.unscored]
-    scores = ctx.score(items)
-    for (g, c), s in zip(pool.unscored, scores[len(extra):]):
+def reward_session(ctx: Context, pool: Pool):
+    if pool.scoring is None:
+        pool.scoring = ctx.reward_session()
+    return pool.scoring
+
+
+def score_finished(ctx: Context, pool: Pool, live: Sequence[tuple[tuple[int, int], list[int]]] = ()
+                   ) -> list[float | None]:
+    """Give the candidates finished since the last decision their final reward, scoring the running candidates
+    `live` ((prompt, cand) and tokens so far) in the same call; returns the partial rewards of `live`. The finished
+    candidates leave the reward session here when nothing is live (the end), else with the rejected (`decide`)."""
+    session = reward_session(ctx, pool)
+    done = list(pool.unscored)
+    items = [ctx.scored(g, pool.prompts[g], t) for (g, _), t in live]
+    items += [ctx.scored(g, pool.prompts[g], pool.pools[g][c].tokens) for g, c in done]
+    scores = session.score([k for k, _ in live] + done, items, [False] * len(live) + [True] * len(done))
+    for (g, c), s in zip(done, scores[len(live):]):
         pool.pools[g][c].reward = s
-    return scores[: len(extra)]
+    if not live:
+        session.release(done)
+    return scores[: len(live)]
 
 
 def decide(ctx: Context, pool: Pool, alpha: float) -> int:
     """One rejection round: partial rewards of the running candidates, final rewards of those finished since the
-    last round, `rejection_cut` per prompt, and sequence selection. Returns the number of candidates rejected."""
+    last round, `rejection_cut` per prompt, and sequence selection. The rejected and the finished candidates leave
+    the reward session together. Returns the number of candidates rejected."""
     pool.batch.compact()
     live, tokens = running_candidates(pool)
     finished: dict[int, list[float]] = defaultdict(list)
-    scores = score_finished(ctx, pool, [ctx.scored(g, pool.prompts[g], t) for (g, _), t in zip(live, tokens)])
-    for g, c in pool.unscored:
+    done = list(pool.unscored)
+    scores = score_finished(ctx, pool, list(zip(live, tokens)))
+    for g, c in done:
         finished[g].append(pool.pools[g][c].reward)
     pool.unscored.clear()
     seqs_of: dict[int, list[int]] = defaultdict(list)  # prompt -> its sequences' indices in the batch
@@ -230,9 +249,11 @@ def decide(ctx: Context, pool: Pool, alpha: float) -> int:
         keep += [seqs[k] for k in rejection_cut([scores[i] for i in seqs], finished[g], alpha)]
     keep.sort()
     kept = set(keep)
-    for i, (g, c) in enumerate(live):
-        if i not in kept:
-            pool.pools[g][c] = Candidate(tokens[i], "rejected")
+    rejected = [i for i in range(len(live)) if i not in kept]
+    for i in rejected:
+        g, c = live[i]
+        pool.pools[g][c] = Candidate(tokens[i], "rejected")
+    pool.scoring.release(done + [live[i] for i in rejected])
     pool.batch.select(torch.tensor(keep, dtype=torch.long, device=pool.batch.pending.device))
     return len(live) - len(keep)
 

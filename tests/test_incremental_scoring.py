@@ -1,0 +1,244 @@
+"""Incremental reward scoring (workers.rewards.CachedScoring): a session keeps each candidate's reward-model cache
+between calls and feeds only what it does not hold, with the scores of whole scoring from scratch."""
+
+from __future__ import annotations
+
+import copy
+import os
+import random
+from dataclasses import replace
+
+import pytest
+import torch
+
+from tests.trio_helpers import demo_items, params_of, trio, trio_context, trio_prompts
+from workers.cost import Meter
+from workers.methods import get_method
+from workers.rewards import CachedScoring, Rescoring, RewardModelScorer, Scored
+
+# Most reward models' templates render the prompt first; the bundled one renders the response first (its end-of-turn
+# tail then holds the whole prompt), so both shapes are tried.
+PROMPT_FIRST = (
+    "[BOS]{% for m in messages %}### {{ m['role'] | capitalize }}: {{ m['content'] | upper if m['role'] != "
+    "'assistant' else m['content'] | lower }}\n{% endfor %}[EOS]"
+)
+WORDS = ["the", "dog", "cat", "field", "a", "student", "repair", "quietly", ".", ","]
+GLUED = ["s", "d", "m", "ly"]  # appended without a space: WordPiece re-splits the last word ("cat" -> "cat ##s")
+PROMPTS = ["Write a sentence using these concepts: dog, field.", "Write about a cat.", "Describe a student."]
+
+
+def scorer_with(template: str | None = None, batch_tokens: int | None = 8192) -> RewardModelScorer:
+    """The bundled reward model with its own template, or `template`."""
+    base = trio().reward
+    tok = base.tok
+    if template is not None:
+        tok = copy.deepcopy(tok)
+        tok.chat_template = template
+    return RewardModelScorer(base.model, tok, batch_tokens)
+
+
+def whole_scorer(scorer: RewardModelScorer) -> RewardModelScorer:
+    """The same model scoring every input whole, from scratch (no prefix sharing, no session cache)."""
+    ref = RewardModelScorer(scorer.model, scorer.tok, None)
+    ref.shares_prefix = ref.incremental = False
+    ref.max_len = scorer.max_len
+    return ref
+
+
+def close(got, want):
+    return all(abs(a - b) <= 1e-4 * max(1.0, abs(b)) for a, b in zip(got, want)) and len(got) == len(want)
+
+
+def test_the_bundled_reward_model_scores_incrementally():
+    bundled = trio().reward
+    assert bundled.shares_prefix and bundled.incremental
+    assert isinstance(bundled.session(Meter(1)), CachedScoring)
+    assert bundled.kv_bytes_per_token == 2 * 3 * 4 * 24 * 4  # measured on the probe's cache: 2 x layers x heads x dim
+
+
+@pytest.mark.parametrize("template, batch_tokens, max_len", [
+    (PROMPT_FIRST, 8192, None),
+    (None, 8192, None),  # the bundled template: the prompt is in the tail that moves
+    (PROMPT_FIRST, 64, 40),  # batches split and joined; inputs past 40 tokens cut to the context, scored whole
+])
+def test_incremental_scores_equal_whole_scores_over_rounds(template, batch_tokens, max_len):
+    """Candidates grow by random words over rounds (some by nothing, some by a glued piece that re-splits the last
+    word); some finish and leave after their last score, some are rejected; one is rewritten so that its encoding
+    does not extend the cached one; a prompt with a single candidate has no shared prefix. Every call's scores equal
+    whole scoring from scratch, the session holds exactly the candidates still running, and it feeds fewer tokens."""
+    rng = random.Random(0)
+    scorer = scorer_with(template, batch_tokens)
+    if max_len is not None:
+        scorer.max_len = max_len
+    ref = whole_scorer(scorer)
+    texts = {(g, c): rng.choice(WORDS) for g in range(len(PROMPTS)) for c in range(5 if g < 2 else 1)}
+    meter, whole_meter = Meter(len(PROMPTS)), Meter(len(PROMPTS))
+    session = scorer.session(meter)
+    running = set(texts)
+    for rnd in range(6):
+        for key in sorted(running):
+            for _ in range(rng.choice([0, 1, 2, 3])):
+                texts[key] += rng.choice(GLUED) if rng.random() < 0.2 else " " + rng.choice(WORDS)
+        if rnd == 3:
+            texts[(0, 1)] = "quietly a cat ."  # not an extension of what the cache holds
+        keys = sorted(running)
+        final = [rng.random() < 0.15 for _ in keys]
+        items = [Scored(g, [{"role": "user", "content": PROMPTS[g]}], texts[(g, c)], [1], [2]) for g, c in keys]
+        got = session.score(keys, items, final)
+        assert close(got, ref(items, whole_meter)), (rnd, got)
+        rejected = {k for k, f in zip(keys, final) if not f and rng.random() < 0.2}
+        finished = {k for k, f in zip(keys, final) if f}
+        session.release(sorted(rejected))  # the finished ones were marked final: they leave with this release
+        running -= rejected | finished
+        cut = {k for k, it in zip(keys, items) if max_len is not None and len(scorer.encode(it)) > max_len}
+        assert sorted(session.held()) == sorted(running - cut)  # a cut input is scored whole and not kept
+    assert meter.tokens["reward"].sum() < whole_meter.tokens["reward"].sum()
+
+
+def test_an_encoding_that_does_not_extend_the_cached_one_is_fed_from_the_common_prefix():
+    scorer = scorer_with(PROMPT_FIRST)
+    ref = whole_scorer(scorer)
+    prompt = [{"role": "user", "content": PROMPTS[0]}]
+    session = scorer.session(Meter(1))
+    first = Scored(0, prompt, "the dog repair the field .", [1], [2])
+    session.score(["k"], [first])
+    for text in ["the cat", "the cat", "the cats", "a student"]:  # shorter, unchanged, re-split, all different
+        item = Scored(0, prompt, text, [1], [2])
+        before = int(session.meter.tokens["reward"].sum())
+        held = list(session.parts[0].ids[0])
+        assert close(session.score(["k"], [item]), ref([item], Meter(1)))
+        new = scorer.encode(item)
+        common = len(os.path.commonprefix([held, new]))
+        fed = int(session.meter.tokens["reward"].sum()) - before
+        assert fed == (0 if held == new else len(new) - common)  # an unchanged encoding reuses its last score
+
+
+def test_a_bidirectional_reward_model_scores_whole():
+    from transformers import BertConfig, BertForSequenceClassification
+
+    tok = copy.deepcopy(trio().reward.tok)
+    tok.chat_template = PROMPT_FIRST
+    torch.manual_seed(0)
+    bert = BertForSequenceClassification(BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2,
+                                                    num_attention_heads=2, intermediate_size=64, num_labels=1,
+                                                    pad_token_id=tok.pad_token_id)).eval()
+    scorer = RewardModelScorer(bert, tok, 8192)
+    assert not scorer.shares_prefix and not scorer.incremental
+    meter = Meter(1)
+    session = scorer.session(meter)
+    assert isinstance(session, Rescoring)
+    prompt = [{"role": "user", "content": PROMPTS[0]}]
+    texts = ["the dog", "the cat"]
+    for _ in range(2):
+        texts = [t + " a field ." for t in texts]
+        items = [Scored(0, prompt, t, [1], [2]) for t in texts]
+        encoded = [scorer.encode(it) for it in items]
+        with torch.inference_mode():
+            want = [bert(input_ids=torch.tensor([e])).logits[0, 0].item() for e in encoded]
+        before = int(meter.tokens["reward"].sum())
+        assert close(session.score([0, 1], items), want)
+        assert int(meter.tokens["reward"].sum()) - before == sum(len(e) for e in encoded)  # whole, every call
+        session.release([])
+
+
+def run_sr(scorer, n: int = 16, k: int = 16, prompts: int = 8, alpha: float = 0.5):
+    """Speculative Rejection on the tiny target with `scorer`: (results, reward tokens, generated tokens)."""
+    method = {"name": "speculative_rejection", "n": n, "alpha": alpha, "schedule": "fixed", "every_k_tokens": k}
+    ps = trio_prompts(demo_items(prompts))
+    meter = Meter(len(ps))
+    ctx = replace(trio_context(meter), reward=scorer)
+    with torch.inference_mode():
+        results = get_method("speculative_rejection")(ctx, params_of(method), ps)
+    generated = sum(len(c.tokens) for r in results for c in r.candidates)
+    return results, int(meter.tokens["reward"].sum()), generated
+
+
+def assert_same_rows(got, want):
+    for a, b in zip(got, want):
+        assert a.best_index == b.best_index
+        assert [c.text for c in a.candidates] == [c.text for c in b.candidates]
+        assert [c.finish_reason for c in a.candidates] == [c.finish_reason for c in b.candidates]
+        for ca, cb in zip(a.candidates, b.candidates):
+            assert (ca.reward is None) == (cb.reward is None)
+            assert ca.reward is None or ca.reward == pytest.approx(cb.reward, abs=1e-4)
+            assert ca.partial_rewards == pytest.approx(cb.partial_rewards, abs=1e-4)
+
+
+def shared_tokenizer_reward() -> RewardModelScorer:
+    """A tiny seeded reward model on the target's own tokenizer and chat template (prompt first, '<|im_end|>\\n'
+    closing the turn), the common case of a reward model of the policy's family."""
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    runner = trio()
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=runner.target.config.vocab_size, hidden_size=64, intermediate_size=128,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, num_labels=1,
+                      pad_token_id=runner.pad_id, max_position_embeddings=512)
+    tok = copy.deepcopy(runner.tokenizer)
+    if tok.pad_token_id is None:
+        tok.pad_token_id = runner.pad_id
+    return RewardModelScorer(LlamaForSequenceClassification(cfg).eval(), tok, 8192)
+
+
+def test_sr_feeds_the_reward_model_under_1_2_tokens_per_generated_token():
+    """Every 16 tokens, with a reward model on the target's tokenizer: under 1.2 reward tokens per generated token
+    (each response once, plus its end-of-turn tail per score and its prompt once); whole scoring re-feeds every
+    response at every decision. The rows are those of whole scoring."""
+    scorer = shared_tokenizer_reward()
+    assert scorer.incremental
+    got, reward_tokens, generated = run_sr(scorer)
+    want, whole_tokens, _ = run_sr(whole_scorer(scorer))
+    assert_same_rows(got, want)
+    assert reward_tokens / generated < 1.2
+    assert whole_tokens / generated > 1.4
+
+
+@pytest.mark.parametrize("template", [PROMPT_FIRST, None])
+def test_sr_on_the_tiny_trio_gives_the_rows_of_whole_scoring_for_fewer_reward_tokens(template):
+    """The bundled reward model splits words the target keeps whole (1.09 reward tokens per generated token for the
+    responses alone): with a prompt-first template SR feeds it under 1.2 tokens per token of the responses as it
+    tokenises them. Its own template puts the prompt after the response, to be fed again at every score, so the
+    saving there is smaller. Either way the rows are those of whole scoring."""
+    scorer = scorer_with(template)
+    got, reward_tokens, generated = run_sr(scorer)
+    want, whole_tokens, _ = run_sr(whole_scorer(scorer))
+    assert_same_rows(got, want)
+    assert reward_tokens < 0.9 * whole_tokens
+    if template is PROMPT_FIRST:
+        responses = sum(len(scorer.tok(c.text.lower(), add_special_tokens=False)["input_ids"])
+                        for r in got for c in r.candidates)
+        assert reward_tokens / responses < 1.2
+
+
+def test_sr_with_alpha_zero_is_best_of_n_with_incremental_scoring():
+    scorer = scorer_with(PROMPT_FIRST)
+    sr, _, _ = run_sr(scorer, n=8, k=6, prompts=4, alpha=0.0)
+    ps = trio_prompts(demo_items(4))
+    ctx = replace(trio_context(Meter(len(ps))), reward=scorer)
+    with torch.inference_mode():
+        bon = get_method("best_of_n")(ctx, params_of({"name": "best_of_n", "n": 8}), ps)
+    assert any(r.stats["rejection_rounds"] > 0 for r in sr)
+    for s, b in zip(sr, bon):
+        assert s.best_index == b.best_index
+        assert [c.tokens for c in s.candidates] == [c.tokens for c in b.candidates]
+        assert [c.reward for c in s.candidates] == pytest.approx([c.reward for c in b.candidates], abs=1e-4)
+
+
+def test_short_memory_splits_batches_and_drops_caches_without_changing_scores(monkeypatch):
+    """With no free memory every forward takes one row, and at each release the caches kept are cut to a quarter
+    of the session's own bytes: the dropped candidates start from their prompt again, with the same scores."""
+    import workers.rewards as rewards
+
+    scorer = scorer_with(PROMPT_FIRST)
+    ref = whole_scorer(scorer)
+    monkeypatch.setattr(rewards, "device_free_bytes", lambda device: 0)
+    session = scorer.session(Meter(2))
+    texts = {(g, c): "the dog" for g in range(2) for c in range(4)}
+    for rnd in range(3):
+        texts = {k: t + " a field ." if k[1] % 2 else t + " a cat" for k, t in texts.items()}
+        keys = sorted(texts)
+        items = [Scored(g, [{"role": "user", "content": PROMPTS[g]}], texts[(g, c)], [1], [2]) for g, c in keys]
+        assert close(session.score(keys, items), ref(items, Meter(2)))
+        assert all(p.size == 1 for p in session.parts)
+        session.release([])
+        assert 0 < len(session.held()) <= len(keys) // 4
