@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from scipy import stats
 
@@ -156,10 +157,13 @@ WARPS = [
 ]
 
 
-def test_warp_probs_are_the_full_sort_rule_bit_for_bit(monkeypatch):
+@pytest.mark.parametrize("out_min_numel", [0, 1 << 62], ids=["into-buffers", "fresh-tensors"])
+def test_warp_probs_are_the_full_sort_rule_bit_for_bit(monkeypatch, out_min_numel):
     """The same float32 probabilities (hence the same kept sets) as the full sort, for flat and peaked rows, exact
     ties at the nucleus boundary (integer and bf16-rounded logits), -inf logits, a 3-D batch, both sides of the
-    per-row CPU paths (V >= _ROW_LOOP_MIN_V), and rows whose nucleus outgrows the first partial sort."""
+    per-row CPU paths (V >= _ROW_LOOP_MIN_V), rows whose nucleus outgrows the first partial sort, and both ways of
+    holding the intermediate tensors (in one buffer, with an in-place softmax, or fresh)."""
+    monkeypatch.setattr(sampling, "_OUT_MIN_NUMEL", out_min_numel)
     calls = {"largest": [], "full_sort": 0}
     largest, full_sort = sampling._largest, sampling._top_p_full_sort
     monkeypatch.setattr(sampling, "_largest", lambda x, k: (calls["largest"].append(k), largest(x, k))[1])
@@ -182,7 +186,8 @@ def test_warp_probs_are_the_full_sort_rule_bit_for_bit(monkeypatch):
         assert torch.equal(warp_probs(logits3, warp), reference_warp(logits3, warp)), warp
 
 
-def test_next_tokens_reuses_its_buffer_without_touching_returned_probabilities():
+def test_next_tokens_reuses_its_buffer_without_touching_returned_probabilities(monkeypatch):
+    monkeypatch.setattr(sampling, "_OUT_MIN_NUMEL", 0)  # the reused buffer at any size
     g = torch.Generator().manual_seed(4)
     a, b = torch.randn(4, 3000, generator=g) * 3, torch.randn(6, 9000, generator=g) * 3
     warp = Warp(temperature=0.8, top_k=100, top_p=0.9)
@@ -199,20 +204,22 @@ def test_sampled_law_at_a_large_vocabulary_is_the_warped_distribution():
     """Chi-square goodness of fit at V = 50,000 with top-p 0.9 on a peaked distribution: draws over positions match
     the nucleus renormalised, and the same test rejects a distribution that differs in two tokens."""
     g = torch.Generator().manual_seed(5)
-    v, n, rows = 50_000, 3_000, 500
+    v, n, rows = 50_000, 4_000, 500
     logits = torch.randn(1, v, generator=g)
     logits[0, torch.randperm(v, generator=g)[:12]] = 12.0 + torch.linspace(0, 2.5, 12)  # 12 likely tokens
-    probs = warp_probs(logits, Warp(temperature=1.0, top_p=0.9))[0]
-    support = (probs > 0).nonzero().squeeze(-1)
+    warp = Warp(temperature=1.0, top_p=0.9)
+    probs = warp_probs(logits, warp)[0]  # drawn from
+    law = reference_warp(logits, warp)[0]  # tested against: the full sort's nucleus, renormalised
+    support = (law > 0).nonzero().squeeze(-1)
     assert 5 <= len(support) <= 12
     batch = probs.expand(rows, v).contiguous()  # [rows, V] one distribution, drawn at many positions
     u = draws(n, seed=6)
     got = torch.cat([sample(batch, u[i:i + rows]) for i in range(0, n, rows)])
     counts = torch.bincount(got, minlength=v)
     assert counts.sum() == counts[support].sum() == n  # never outside the nucleus
-    observed, expected = counts[support].double().numpy(), (probs[support].double() * n).numpy()
+    observed, expected = counts[support].double().numpy(), (law[support].double() * n).numpy()
     assert stats.chisquare(observed, expected * n / expected.sum()).pvalue > 1e-3
-    top2 = probs[support].argsort(descending=True)[:2]
+    top2 = law[support].argsort(descending=True)[:2]
     wrong = expected.copy()
     wrong[top2.numpy()] = wrong[top2.flip(0).numpy()]  # the two most likely tokens' probabilities swapped
     assert stats.chisquare(observed, wrong * n / wrong.sum()).pvalue < 1e-6

@@ -97,6 +97,7 @@ _BLOCK = 1024  # tokens per block of the two-level inverse CDF
 _DIRECT_MAX_V = 2048  # at most this many tokens, one [B, V] cumsum is cheaper than two levels
 _ROW_LOOP_MIN_V = 8192  # from this many tokens, a per-row in-place threshold beats a [B, V] mask (CPU)
 _CHUNK_BLOCKS = 8  # blocks summed per float64 temporary ([B, 8 x _BLOCK])
+_OUT_MIN_NUMEL = 1 << 20  # from this many logits, warp into one buffer (below, fresh tensors cost less than out=)
 
 
 def _largest(x: torch.Tensor, k: int) -> torch.Tensor:
@@ -184,29 +185,38 @@ def _top_p_(probs: torch.Tensor, top_p: float) -> None:
 _SOFTMAX_OUT = torch.ops.aten._softmax.out  # torch.softmax's kernel, writing into a given tensor
 
 
-def _softmax_into(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """softmax(x, -1) written into out [N, V], which may be x itself on the CPU (the CPU kernel maps element by
+def _softmax_into(x: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    """softmax(x, -1), into out [N, V] when given, which may be x itself on the CPU (the CPU kernel maps element by
     element; the tests check the result is torch.softmax's, bit for bit)."""
+    if out is None:
+        return torch.softmax(x, -1)
     if out is x and x.device.type != "cpu":
         return out.copy_(torch.softmax(x, -1))
     return _SOFTMAX_OUT(x, -1, False, out=out)
 
 
-def _warp_into(logits: torch.Tensor, warp: Warp, out: torch.Tensor) -> torch.Tensor:
-    """Float32 logits [N, V] to probabilities written into out [N, V] (not greedy), with no other [N, V]
-    temporary: the scaled and top-k-masked logits live in out until the softmax replaces them."""
+def _warp_into(logits: torch.Tensor, warp: Warp, out: torch.Tensor | None) -> torch.Tensor:
+    """Float32 logits [N, V] to probabilities (not greedy). Given out [N, V], they are written there with no other
+    [N, V] temporary: the scaled and top-k-masked logits live in out until the softmax replaces them; without it
+    (small tensors, where allocating is cheaper than the out= call), in fresh tensors."""
     x = logits
     if warp.temperature != 1.0:  # x / 1.0 == x: skipping the division changes no value
-        x = torch.div(logits, warp.temperature, out=out)
+        x = logits / warp.temperature if out is None else torch.div(logits, warp.temperature, out=out)
     if warp.top_k and warp.top_k < x.shape[-1]:
         kth = _largest(x, warp.top_k)[:, -1].to(x.device)  # [N]
-        x = out.copy_(logits) if x is logits else x
+        if x is logits:
+            x = logits.clone() if out is None else out.copy_(logits)
         _fill_below(x, kth, float("-inf"))
-    _softmax_into(x, out)
+    probs = _softmax_into(x, out)
     if warp.top_p < 1.0:
-        _top_p_(out, warp.top_p)
-        out.div_(out.sum(-1, keepdim=True))
-    return out
+        _top_p_(probs, warp.top_p)
+        probs.div_(probs.sum(-1, keepdim=True))
+    return probs
+
+
+def _out_buffer(logits: torch.Tensor) -> torch.Tensor | None:
+    """Where _warp_into writes for warp_probs: a fresh tensor above _OUT_MIN_NUMEL elements, else None."""
+    return torch.empty_like(logits) if logits.numel() >= _OUT_MIN_NUMEL else None
 
 
 def warp_probs(logits: torch.Tensor, warp: Warp) -> torch.Tensor:
@@ -222,7 +232,7 @@ def warp_probs(logits: torch.Tensor, warp: Warp) -> torch.Tensor:
         out = torch.zeros_like(logits)
         return out.scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
     flat = logits.reshape(-1, logits.shape[-1])  # [N, V]
-    return _warp_into(flat, warp, torch.empty_like(flat)).view(logits.shape)
+    return _warp_into(flat, warp, _out_buffer(flat)).view(logits.shape)
 
 
 _scratch_local = threading.local()
@@ -294,6 +304,5 @@ def next_tokens(logits: torch.Tensor, warp: Warp, u: torch.Tensor) -> torch.Tens
     if warp.greedy:
         return logits.argmax(-1)
     logits = logits.float()
-    cpu = logits.device.type == "cpu"
-    out = _scratch(*logits.shape) if cpu else torch.empty_like(logits)
-    return sample(_warp_into(logits, warp, out), u)
+    big = logits.device.type == "cpu" and logits.numel() >= _OUT_MIN_NUMEL
+    return sample(_warp_into(logits, warp, _scratch(*logits.shape) if big else _out_buffer(logits)), u)
