@@ -165,7 +165,7 @@ def _top_p_(probs: torch.Tensor, top_p: float) -> None:
         keep = mass_before < top_p
         # decided: the k-th largest is dropped (so are all smaller ones), is 0 (the rest are zeros: kept or not,
         # nothing changes), or k is the whole vocabulary
-        done = ~keep[:, -1] | (top[:, -1] == 0) if k < v else torch.ones_like(keep[:, -1])
+        done = (~keep[:, -1] | (top[:, -1] == 0)) if k < v else torch.ones_like(keep[:, -1])
         c = keep.sum(-1)  # [n'] kept count among the k largest (a prefix: mass_before is nondecreasing)
         last = top.gather(-1, (c - 1).clamp(min=0)[:, None]).squeeze(-1)  # [n'] the smallest kept value
         last = torch.where(c > 0, last, torch.full_like(last, float("inf")))  # top_p <= 0 would drop everything
@@ -300,7 +300,7 @@ def sample(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
 def next_tokens(logits: torch.Tensor, warp: Warp, u: torch.Tensor) -> torch.Tensor:
     """Sample (or argmax) one token from each of the B distributions of logits [B, V]: sample(warp_probs(logits,
-    warp), u), with the warped probabilities in a reused buffer on the CPU."""
+    warp), u), with the warped probabilities of a large batch in a reused buffer on the CPU (`_scratch`)."""
     if warp.greedy:
         return logits.argmax(-1)
     logits = logits.float()
