@@ -22,7 +22,7 @@ import torch
 from transformers import DynamicCache
 
 from workers.cost import Meter
-from workers.kvcache import new_cache, plain_columns
+from workers.kvcache import join_caches, new_cache, plain_columns
 from workers.sampling import STREAM_TOKEN, Warp, next_tokens, uniforms
 from workers.shared_prefix import SharedPrefixCache, share, shared_forward
 
@@ -111,6 +111,29 @@ class Batch:
                     layer.values = layer.values[..., first:, :]
         self.mask = self.mask[:, first:]
 
+    def extend(self, other: Batch, pad_id: int) -> None:
+        """Append the sequences of `other`, freshly prefilled prompts (their first tokens pending, nothing decoded),
+        to this batch while it decodes: the caches are joined (`SharedPrefixCache.extend`, or right-aligned
+        `kvcache.join_caches`) and the columns one side lacks become holes in its mask."""
+        rows, la, lb = self.size, self.mask.shape[1], other.mask.shape[1]
+        if isinstance(self.cache, SharedPrefixCache) and isinstance(other.cache, SharedPrefixCache):
+            suffix = la - self.cache.width
+            pad_self, pad_other = self.cache.extend(other.cache, rows)
+            mask_a = _pad_mask(self.mask, pad_self, 0)
+            mask_b = _pad_mask(other.mask, pad_other, suffix)
+        elif not isinstance(self.cache, SharedPrefixCache) and not isinstance(other.cache, SharedPrefixCache):
+            join_caches(self.cache, other.cache, rows, other.size)
+            width = max(la, lb)
+            mask_a, mask_b = _pad_mask(self.mask, width - la, 0), _pad_mask(other.mask, width - lb, 0)
+        else:
+            raise ValueError("a shared-prefix batch and a repeated-cache batch cannot be joined")
+        self.mask = torch.cat([mask_a, mask_b], 0)
+        t = max(self.tokens.shape[1], other.tokens.shape[1])
+        self.tokens = torch.cat([_pad_tokens(self.tokens, t, pad_id), _pad_tokens(other.tokens, t, pad_id)], 0)
+        for f in fields(self):
+            if f.name not in ("cache", "mask", "tokens"):
+                setattr(self, f.name, torch.cat([getattr(self, f.name), getattr(other, f.name)], 0))
+
     def append_pending(self, tok: torch.Tensor) -> None:
         """Record `tok` [B] as each sequence's new pending token."""
         ar = torch.arange(self.size, device=tok.device)
@@ -120,6 +143,19 @@ class Batch:
 
     def kv_columns(self) -> int:
         return int(self.mask.shape[1])
+
+
+def _pad_mask(mask: torch.Tensor, left: int, right: int) -> torch.Tensor:
+    """`mask` with `left` and `right` hole columns added."""
+    if not left and not right:
+        return mask
+    return torch.cat([mask.new_zeros(mask.shape[0], left), mask, mask.new_zeros(mask.shape[0], right)], 1)
+
+
+def _pad_tokens(tokens: torch.Tensor, width: int, pad_id: int) -> torch.Tensor:
+    if tokens.shape[1] == width:
+        return tokens
+    return torch.cat([tokens, tokens.new_full((tokens.shape[0], width - tokens.shape[1]), pad_id)], 1)
 
 
 def left_pad(prompts: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -139,6 +175,7 @@ class Engine:
 
     role = "target"
     columns_per_step = 1  # KV columns a step adds to every sequence
+    admits = True  # prompts may join a batch while it decodes (`Batch.extend`)
 
     def __init__(
         self,
@@ -164,15 +201,17 @@ class Engine:
 
     # -- prefill -----------------------------------------------------------------------------------------------
     def prefill(
-        self, prompts: list[list[int]], n: int, keys: list[int], limits: list[int]
+        self, prompts: list[list[int]], n: int, keys: list[int], limits: list[int], first_group: int = 0
     ) -> Batch:
-        """Prefill each prompt once, repeat its cache n times, and sample every sequence's first token."""
+        """Prefill each prompt once, share (or repeat) its cache across its n candidates, and sample every
+        sequence's first token. The prompts are groups first_group, first_group + 1, ... of the batch."""
         dev = self.device
         ids, mask = left_pad(prompts, self.pad_id, dev)  # [P, L]
-        groups = torch.arange(len(prompts), device=dev)
+        local = torch.arange(len(prompts), device=dev)
+        groups = local + first_group
         cache = new_cache(self.model.config)
         logits = forward(self.model, self.role, ids, mask, cache, groups, self.meter)[:, -1]  # [P, V]
-        shared = share(self.model, cache, groups.repeat_interleave(n))  # the prompt's cache once, if exact
+        shared = share(self.model, cache, local.repeat_interleave(n))  # the prompt's cache once, if exact
         if shared is None:
             cache.batch_repeat_interleave(n)
         batch = Batch(

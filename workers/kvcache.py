@@ -139,6 +139,27 @@ class GrowingLayer(DynamicLayer):
         torch.index_select(self._v[:, :, :n], 0, idx, out=v[:, :, :n])
         self._k, self._v, self._owned = k, v, True
 
+    def join(self, other: GrowingLayer, rows: int, other_rows: int) -> None:
+        """Append `other`'s `other_rows` rows below this layer's `rows`, both right-aligned to the wider one's
+        columns; the narrower side's leading columns are zeros (the caller masks them as holes). Either side may
+        hold no column yet."""
+        na, nb = self._n, other._n
+        if not na and not nb:
+            return
+        width = max(na, nb)
+        out = []
+        for a, b in ((self._k, other._k), (self._v, other._v)):
+            ref = a if na else b
+            new = ref.new_zeros((rows + other_rows, ref.shape[1], storage_columns(width), ref.shape[-1]))
+            if na:
+                new[:rows, :, width - na: width] = a[:, :, :na]
+            if nb:
+                new[rows:, :, width - nb: width] = b[:, :, :nb]
+            out.append(new)
+        self._k, self._v = out
+        self._n = self._nv = width
+        self._owned = True
+
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         self.batch_select_indices(beam_idx)
 
@@ -165,6 +186,16 @@ def plain_columns(cache: DynamicCache) -> bool:
     """Whether every layer keeps one column per token of its sequences (DynamicLayer or GrowingLayer), so that
     columns may be dropped or moved by replacing `keys`/`values` (sliding windows keep their own bookkeeping)."""
     return all(type(layer) in (DynamicLayer, GrowingLayer) for layer in cache.layers)
+
+
+def join_caches(cache: DynamicCache, other: DynamicCache, rows: int, other_rows: int) -> None:
+    """Append `other`'s sequences to `cache`'s, right-aligned (`GrowingLayer.join`), layer by layer."""
+    layers = list(zip(cache.layers, other.layers))
+    if len(cache.layers) != len(other.layers) or not all(
+            type(a) is GrowingLayer and type(b) is GrowingLayer for a, b in layers):
+        raise ValueError("only caches of GrowingLayers (workers.kvcache.new_cache) can be joined")
+    for a, b in layers:
+        a.join(b, rows, other_rows)
 
 
 def new_cache(config) -> DynamicCache:

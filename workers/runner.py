@@ -23,7 +23,7 @@ from workers.loading import context_length, load_causal_lm, load_reward_model, p
 from workers.methods import get_method
 from workers.methods.common import Context, PoolSampler, PromptInput
 from workers.methods.measures import add_measures
-from workers.methods.rejection import host_available_bytes
+from workers.methods.rejection import Admission, host_available_bytes
 from workers.rewards import LexicalScorer, LogprobScorer, PythonScorer, RewardModelScorer, render
 from workers.sampling import Warp, prompt_key
 from workers.shared_prefix import shares_exactly
@@ -172,13 +172,25 @@ class Runner:
             and shares_exactly(self.target)
         return batch_memory_need(rows, len(prompt.ids), prompt.limit if grows else 1, kv, vocab, shared)
 
-    def memory_groups(self, ready: list[tuple[int, PromptInput]]) -> list[list[tuple[int, PromptInput]]]:
-        """The batch's prompts in consecutive groups that each fit in the memory free now (`free_memory_bytes` x
-        MEMORY_FRACTION); the whole batch when it fits. A prompt that cannot fit alone raises `BatchTooLarge`
-        before anything is allocated for it. Splitting changes no sampled token (draws are keyed per prompt and
-        candidate, `workers.sampling`), only how the batch is timed."""
-        budget = self.memory_budget if self.memory_budget is not None else int(
+    def budget(self) -> int:
+        """Bytes a batch's sequences may take: `memory_budget`, else MEMORY_FRACTION of the memory free now."""
+        return self.memory_budget if self.memory_budget is not None else int(
             free_memory_bytes(self.device) * MEMORY_FRACTION)
+
+    def admits(self) -> bool:
+        """Whether the method's prompts join one decoding batch as room frees (continuous batching, `Admission`):
+        the candidate-pool methods on the target-only engine. The others decode in `memory_groups`."""
+        name = self.config.method.name
+        return name in ("greedy", "nucleus") or (
+            name in ("best_of_n", "speculative_rejection") and self.config.generation.sampler == "target")
+
+    def memory_groups(self, ready: list[tuple[int, PromptInput]], budget: int | None = None
+                      ) -> list[list[tuple[int, PromptInput]]]:
+        """The batch's prompts in consecutive groups that each fit in `budget` (default `self.budget()`); the
+        whole batch when it fits. A prompt that cannot fit alone raises `BatchTooLarge` before anything is
+        allocated for it. Splitting changes no sampled token (draws are keyed per prompt and candidate,
+        `workers.sampling`), only how the batch is timed."""
+        budget = self.budget() if budget is None else budget
         groups: list[list[tuple[int, PromptInput]]] = []
         used = budget + 1
         for item in ready:
@@ -201,19 +213,30 @@ class Runner:
     @torch.inference_mode()
     def run(self, items: list[dict]) -> list[dict]:
         """One output row per input prompt, in order (error rows for prompts that cannot run). Prompts are decoded
-        together, in as many groups as memory requires (`memory_groups`)."""
+        together: in one batch that they join as memory frees (`admits`), or in as many groups as memory requires
+        (`memory_groups`)."""
         started = time.perf_counter()
         ready, errors = self.prepare(items)
         out: list[dict | None] = [errors.get(i) for i in range(len(items))]
-        for group in self.memory_groups(ready) if ready else []:
+        if not ready:
+            return out
+        budget = self.budget()
+        groups = self.memory_groups(ready, budget)  # a prompt that cannot fit alone fails here
+        if self.admits():
+            needs = {id(p): self.memory_need(p) for _, p in ready}
+            self._run_group(ready, out, started, Admission(budget, lambda p: needs[id(p)]))
+            return out
+        for group in groups:
             self._run_group(group, out, started)
             started = time.perf_counter()
         return out
 
-    def _run_group(self, ready: list[tuple[int, PromptInput]], out: list[dict | None], started: float) -> None:
+    def _run_group(self, ready: list[tuple[int, PromptInput]], out: list[dict | None], started: float,
+                   admission: Admission | None = None) -> None:
         meter = Meter(len(ready))
         meter.started = started
         ctx = self.context_for(meter)
+        ctx.admission = admission
         prompts = [p for _, p in ready]
         results = self.method(ctx, self.config.method, prompts)
         if self.device.type == "cuda":

@@ -81,6 +81,31 @@ class SharedPrefixCache(DynamicCache):
     def crop(self, tokens_to_remove: int) -> None:
         raise NotImplementedError("a shared-prefix cache is not cropped")
 
+    @property
+    def prompts(self) -> int:
+        return int(self.layers[0].pk.shape[0]) if self.layers else 0
+
+    def extend(self, other: SharedPrefixCache, rows: int) -> tuple[int, int]:
+        """Append `other`'s prompts and sequences (freshly prefilled: no column after their prefix) below this
+        cache's `rows` sequences. The prefixes are left-padded with zero columns to the wider one's width; `other`'s
+        sequences get this cache's suffix columns as zero columns. Returns the zero columns put before this cache's
+        columns and before `other`'s prefix; the caller masks them (and `other`'s suffix columns) as holes."""
+        if other._n_suffix():
+            raise ValueError("only freshly prefilled sequences can join a shared-prefix cache")
+        width = max(self.width, other.width)
+        pad_self, pad_other = width - self.width, width - other.width
+        self.group = torch.cat([self.group, other.group + self.prompts])  # other's prompts come after ours
+        for a, b in zip(self.layers, other.layers):
+            a.pk = torch.cat([_pad_left(a.pk, pad_self), _pad_left(b.pk, pad_other)], 0)
+            a.pv = torch.cat([_pad_left(a.pv, pad_self), _pad_left(b.pv, pad_other)], 0)
+            a.join(b, rows, other.group.numel())
+        self.width = width
+        self._runs = None
+        return pad_self, pad_other
+
+    def _n_suffix(self) -> int:
+        return self.layers[0].get_seq_length() - self.width if self.layers else 0
+
     def drop_left(self, columns: int) -> int:
         """Drop up to `columns` leading prefix columns (holes in every sequence); returns how many were dropped."""
         columns = min(columns, self.width)
@@ -89,6 +114,10 @@ class SharedPrefixCache(DynamicCache):
                 layer.pk, layer.pv = layer.pk[:, :, columns:], layer.pv[:, :, columns:]
             self.width -= columns
         return columns
+
+
+def _pad_left(t: torch.Tensor, columns: int) -> torch.Tensor:
+    return torch.cat([t.new_zeros((*t.shape[:2], columns, t.shape[-1])), t], 2) if columns else t
 
 
 def prefix_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling: float | None = None,

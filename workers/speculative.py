@@ -467,6 +467,8 @@ class SpeculativeEngine:
     """Draft proposes gamma tokens per sequence, target verifies them in one forward: samples from the target's own
     (warped) distribution, with fewer target calls."""
 
+    admits = False  # a batch's prompts all start together (two caches and a draft backlog per sequence)
+
     role = "target"
 
     def __init__(

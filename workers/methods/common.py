@@ -81,6 +81,7 @@ class Context:
     eos_ids: list[int]
     pad_id: int
     pool_sampler: PoolSampler
+    admission: object = None  # workers.methods.rejection.Admission: prompts join a decoding batch (None: all at once)
 
     def decode(self, tokens: list[int]) -> str:
         return self.tokenizer.decode(tokens, skip_special_tokens=True).strip()

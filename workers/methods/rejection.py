@@ -28,7 +28,7 @@ import math
 import os
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -41,29 +41,44 @@ from workers.methods.samplers import pool_sampler
 COMPACT_FRACTION = 8
 
 
+def batch_groups(batch: Batch) -> set[int]:
+    return set(batch.group.tolist())
+
+
 class NoDecisions:
     """Best-of-N: never decide."""
 
-    def due(self, batch: Batch, sampler) -> bool:
-        return False
+    def due(self, batch: Batch, sampler) -> set[int]:
+        return set()
 
     def rejected(self, count: int) -> None:
         pass
 
 
 class FixedSchedule:
-    """A decision each time the responses reach a multiple of k tokens."""
+    """A decision each time a prompt's responses reach a multiple of k tokens. A prompt that joined the batch while
+    it decoded (continuous batching) keeps its own clock; where prompts start together (a sampler that does not
+    admit prompts mid-decode), one clock, the batch's longest response, times them all."""
 
     def __init__(self, k: int):
         self.k = k
-        self.last = 0
+        self.last: dict[int, int] = defaultdict(int)  # prompt (or -1: the whole batch) -> length at its last decision
 
-    def due(self, batch: Batch, sampler) -> bool:
-        length = int(batch.length.max())
-        if length // self.k > self.last // self.k:
-            self.last = length
-            return True
-        return False
+    def due(self, batch: Batch, sampler) -> set[int]:
+        if not getattr(sampler, "admits", False):
+            length = int(batch.length.max())
+            if length // self.k > self.last[-1] // self.k:
+                self.last[-1] = length
+                return batch_groups(batch)
+            return set()
+        longest = torch.zeros(int(batch.group.max()) + 1, dtype=torch.long, device=batch.length.device)
+        longest.scatter_reduce_(0, batch.group, batch.length, reduce="amax")
+        out = set()
+        for g, length in enumerate(longest.tolist()):
+            if length // self.k > self.last[g] // self.k:
+                self.last[g] = length
+                out.add(g)
+        return out
 
     def rejected(self, count: int) -> None:
         pass
@@ -82,15 +97,15 @@ class MemorySchedule:
         self.budget = budget_bytes
         self.armed = True
 
-    def due(self, batch: Batch, sampler) -> bool:
+    def due(self, batch: Batch, sampler) -> set[int]:
         need = batch.size * (batch.kv_columns() + sampler.columns_per_step) * sampler.kv_bytes_per_column
         if need <= self.budget:
             self.armed = True
-            return False
+            return set()
         if self.armed:
             self.armed = False
-            return True
-        return False
+            return batch_groups(batch)
+        return set()
 
     def rejected(self, count: int) -> None:
         if count > 0:
@@ -163,8 +178,9 @@ class Pool:
 
     prompts: list[PromptInput]
     sampler: object  # workers.engine.Engine or workers.speculative.SpeculativeEngine
-    batch: Batch
+    batch: Batch | None  # None until the first prompts start
     pools: list[list[Candidate | None]]  # [prompt][cand]; None while the candidate runs
+    waiting: list[int] = field(default_factory=list)  # prompts not started yet, in order
     partials: dict[tuple[int, int], list[float]] = field(default_factory=lambda: defaultdict(list))  # (prompt, cand)
     decisions: dict[int, list[int]] = field(default_factory=lambda: defaultdict(list))  # prompt -> response lengths
     unscored: list[tuple[int, int]] = field(default_factory=list)  # finished since the last decision, no reward yet
@@ -173,13 +189,58 @@ class Pool:
 
     @property
     def running(self) -> bool:
-        return bool(self.batch.alive.any())
+        return self.batch is not None and bool(self.batch.alive.any())
+
+
+@dataclass
+class Admission:
+    """Continuous batching inside an actor: a pool's prompts join its batch while it decodes, in order, as long as
+    the memory their sequences may take at their peak (`need(prompt)`, bytes) fits in `budget` beside the running
+    prompts (each charged its need x its running candidates / n). A prompt always starts when nothing runs."""
+
+    budget: int
+    need: Callable[[PromptInput], int]
 
 
 def open_pool(prompts: list[PromptInput], n: int, sampler) -> Pool:
-    """Prefill every prompt once and start n candidates each."""
-    batch = sampler.prefill([p.ids for p in prompts], n, [p.key for p in prompts], [p.limit for p in prompts])
-    return Pool(prompts, sampler, batch, [[None] * n for _ in prompts])
+    """A pool whose prompts all wait; `admit` starts them."""
+    return Pool(prompts, sampler, None, [[None] * n for _ in prompts], waiting=list(range(len(prompts))))
+
+
+def admit(ctx: Context, pool: Pool, n: int) -> None:
+    """Start waiting prompts: prefill each once and start its n candidates. Without an admission policy (or with a
+    sampler that cannot join prompts to a decoding batch) every prompt starts at once; with one (`Admission`), the
+    next prompts start as the running ones leave room, joining the batch (`Batch.extend`)."""
+    if not pool.waiting:
+        return
+    policy = ctx.admission if getattr(pool.sampler, "admits", False) else None
+    b = pool.batch
+    if policy is None:
+        if b is not None:
+            return
+        take = list(pool.waiting)
+    else:
+        used = 0.0
+        if b is not None and b.size:
+            running = torch.bincount(b.group[b.alive], minlength=len(pool.prompts)).tolist()
+            used = sum(policy.need(pool.prompts[g]) * r / n for g, r in enumerate(running) if r)
+        take = []
+        for g in pool.waiting:
+            need = policy.need(pool.prompts[g])
+            if (used or take) and used + need > policy.budget:
+                break
+            take.append(g)
+            used += need
+    if not take:
+        return
+    del pool.waiting[: len(take)]
+    ps = [pool.prompts[g] for g in take]
+    kw = {"first_group": take[0]} if take[0] else {}
+    new = pool.sampler.prefill([p.ids for p in ps], n, [p.key for p in ps], [p.limit for p in ps], **kw)
+    if b is None or not b.size:
+        pool.batch = new
+    else:
+        b.extend(new, ctx.pad_id)
 
 
 def running_candidates(pool: Pool) -> tuple[list[tuple[int, int]], list[list[int]]]:
@@ -210,35 +271,40 @@ def reward_session(ctx: Context, pool: Pool):
     return pool.scoring
 
 
-def score_finished(ctx: Context, pool: Pool, live: Sequence[tuple[tuple[int, int], list[int]]] = ()
-                   ) -> list[float | None]:
-    """Give the candidates finished since the last decision their final reward, scoring the running candidates
-    `live` ((prompt, cand) and tokens so far) in the same call; returns the partial rewards of `live`. The finished
-    candidates leave the reward session here when nothing is live (the end), else with the rejected (`decide`)."""
+def score_finished(ctx: Context, pool: Pool, live: Sequence[tuple[tuple[int, int], list[int]]] = (),
+                   done: list[tuple[int, int]] | None = None) -> list[float | None]:
+    """Give the finished candidates `done` their final reward, scoring the running candidates `live` ((prompt,
+    cand) and tokens so far) in the same call; returns the partial rewards of `live`. Without `done` (the end of
+    the pool): every candidate finished since the last decision, which then leave the reward session here (a
+    decision's leave with its rejected, `decide`)."""
     session = reward_session(ctx, pool)
-    done = list(pool.unscored)
+    final = done is None
+    done = list(pool.unscored) if done is None else done
     items = [ctx.scored(g, pool.prompts[g], t) for (g, _), t in live]
     items += [ctx.scored(g, pool.prompts[g], pool.pools[g][c].tokens) for g, c in done]
     scores = session.score([k for k, _ in live] + done, items, [False] * len(live) + [True] * len(done))
     for (g, c), s in zip(done, scores[len(live):]):
         pool.pools[g][c].reward = s
-    if not live:
+    if final:
         session.release(done)
     return scores[: len(live)]
 
 
-def decide(ctx: Context, pool: Pool, alpha: float) -> int:
-    """One rejection round: partial rewards of the running candidates, final rewards of those finished since the
-    last round, `rejection_cut` per prompt, and sequence selection. The rejected and the finished candidates leave
-    the reward session together. Returns the number of candidates rejected."""
+def decide(ctx: Context, pool: Pool, alpha: float, groups: set[int]) -> int:
+    """One rejection round for prompts `groups`: partial rewards of their running candidates, final rewards of
+    their candidates finished since their last round, `rejection_cut` per prompt, and sequence selection (the
+    other prompts' sequences all stay). The rejected and the finished candidates leave the reward session
+    together. Returns the number of candidates rejected."""
     pool.batch.compact()
-    live, tokens = running_candidates(pool)
+    every, all_tokens = running_candidates(pool)
+    rows = [i for i, (g, _) in enumerate(every) if g in groups]  # the batch's sequences this round decides on
+    live, tokens = [every[i] for i in rows], [all_tokens[i] for i in rows]
     finished: dict[int, list[float]] = defaultdict(list)
-    done = list(pool.unscored)
-    scores = score_finished(ctx, pool, list(zip(live, tokens)))
+    done = [k for k in pool.unscored if k[0] in groups]
+    pool.unscored = [k for k in pool.unscored if k[0] not in groups]
+    scores = score_finished(ctx, pool, list(zip(live, tokens)), done)
     for g, c in done:
         finished[g].append(pool.pools[g][c].reward)
-    pool.unscored.clear()
     seqs_of: dict[int, list[int]] = defaultdict(list)  # prompt -> its sequences' indices in the batch
     for i, ((g, c), s) in enumerate(zip(live, scores)):
         pool.partials[(g, c)].append(s)
@@ -247,15 +313,16 @@ def decide(ctx: Context, pool: Pool, alpha: float) -> int:
     for g, seqs in seqs_of.items():
         pool.decisions[g].append(max(len(tokens[i]) for i in seqs))
         keep += [seqs[k] for k in rejection_cut([scores[i] for i in seqs], finished[g], alpha)]
-    keep.sort()
     kept = set(keep)
     rejected = [i for i in range(len(live)) if i not in kept]
     for i in rejected:
         g, c = live[i]
         pool.pools[g][c] = Candidate(tokens[i], "rejected")
     pool.scoring.release(done + [live[i] for i in rejected])
-    pool.batch.select(torch.tensor(keep, dtype=torch.long, device=pool.batch.pending.device))
-    return len(live) - len(keep)
+    gone = {rows[i] for i in rejected}
+    stay = [i for i in range(len(every)) if i not in gone]
+    pool.batch.select(torch.tensor(stay, dtype=torch.long, device=pool.batch.pending.device))
+    return len(rejected)
 
 
 def pool_results(ctx: Context, pool: Pool) -> list[MethodResult]:
@@ -283,13 +350,17 @@ def run_pool(ctx: Context, prompts: list[PromptInput], n: int, alpha: float, sch
     calls."""
     pool = open_pool(prompts, n, sampler)
     while True:
+        admit(ctx, pool, n)  # before the harvest: a fresh candidate's first token may already end it
         harvest(ctx, pool)
         if not pool.running:
+            if pool.waiting:
+                continue
             break
-        if schedule.due(pool.batch, sampler):
-            schedule.rejected(decide(ctx, pool, alpha))
+        due = schedule.due(pool.batch, sampler)
+        if due:
+            schedule.rejected(decide(ctx, pool, alpha, due))
             if not pool.running:
-                break
+                continue
         sampler.step(pool.batch)
     if pool.unscored:
         score_finished(ctx, pool)
