@@ -196,6 +196,37 @@ class Phases:
         return out
 
 
+class StepTimes:
+    """CPU seconds of each call of the engine's decoding step (`Engine.step`: forward, cache, sampling), in order."""
+
+    def __init__(self):
+        self.times: list[float] = []
+
+    def install(self) -> None:
+        import workers.engine as eng
+
+        step, times = eng.Engine.step, self.times
+
+        def timed(engine, batch):
+            t0 = time.process_time()
+            try:
+                return step(engine, batch)
+            finally:
+                times.append(time.process_time() - t0)
+
+        eng.Engine.step = timed
+
+    def take(self) -> dict:
+        """The median step of the first and of the last quarter of the steps, and their ratio (> 1: steps grow
+        with the response length)."""
+        t, self.times[:] = list(self.times), []
+        if len(t) < 8:
+            return {}
+        q = len(t) // 4
+        first, last = sorted(t[:q])[q // 2], sorted(t[-q:])[q // 2]
+        return {"step_first_ms": 1e3 * first, "step_last_ms": 1e3 * last, "step_growth": last / first}
+
+
 class PeakRSS:
     """Peak RSS above the RSS at entry, polled from /proc/self/statm every `every` seconds."""
 
@@ -283,37 +314,46 @@ class ForceEOS:
 class Side:
     """Both sides on one loaded target: the engine through a Runner, generate on the Runner's target."""
 
-    def __init__(self, folders: dict[str, Path], phases: Phases):
+    def __init__(self, folders: dict[str, Path], phases: Phases, steps: StepTimes):
         from workers.runner import Runner
 
         self.folders = folders
         self.runner = Runner(self.config(16, 16))
-        self.phases = phases
+        self.phases, self.steps = phases, steps
         self.limits: list[int] | None = None  # per-row length limits for the mixed case
 
-    def config(self, n: int, new_tokens: int):
+    def config(self, n: int, new_tokens: int, every_k_tokens: int | None = None):
+        method = {"name": "best_of_n", "n": n} if every_k_tokens is None else {
+            "name": "speculative_rejection", "n": n, "alpha": 0.5, "schedule": "fixed",
+            "every_k_tokens": every_k_tokens}
         raw = {
             "name": "bench-scale", "seed": 0,
             "data": {"source": "builtin:demo-prompts", "prompt_column": "prompt", "id_column": "id"},
             "models": {"target": str(self.folders["target"]),
                        "reward": {"kind": "model", "path": str(self.folders["reward"])}},
-            "method": {"name": "best_of_n", "n": n},
+            "method": method,
             "generation": {"max_new_tokens": new_tokens, "temperature": 1.0, "top_k": 0, "top_p": 1.0},
             "output": {"path": "runs/bench-scale"},
         }
         return resolved(validate_config(raw))
 
-    def engine(self, text: str, n: int, new_tokens: int) -> dict:
-        self.runner.config = self.config(n, new_tokens)
+    def engine(self, text: str, n: int, new_tokens: int, every_k_tokens: int | None = None) -> dict:
+        from workers.methods import get_method
+
+        self.runner.config = self.config(n, new_tokens, every_k_tokens)
+        self.runner.method = get_method(self.runner.config.method.name)  # the Runner picks its method at load
         items = [{"prompt_id": "p0", "prompt": [{"role": "user", "content": text}]}]
         self.phases.take()
+        self.steps.take()
         with PeakRSS() as mem:
             c0, w0 = time.process_time(), time.perf_counter()
             rows = self.runner.run(items)
             cpu, wall = time.process_time() - c0, time.perf_counter() - w0
         assert rows[0]["error"] is None, rows[0]["error"]
         return {"tokens": rows[0]["stats"]["generated_tokens"], "cpu_s": cpu, "wall_s": wall,
-                "peak_rss_mb": mem.above_mb, "phases": self.phases.take()}
+                "peak_rss_mb": mem.above_mb, "phases": self.phases.take(), **self.steps.take(),
+                "reward_tokens": rows[0]["cost"]["reward_tokens"], "best_reward": rows[0]["best_reward"],
+                "rejection_rounds": rows[0]["stats"].get("rejection_rounds", 0)}
 
     def generate(self, ids: list[int], n: int, new_tokens: int, lengths: list[int] | None = None) -> dict:
         from transformers import LogitsProcessorList
@@ -382,7 +422,8 @@ def summarise(label: str, runs: list[dict], flop_per_token: float, prefill_token
             "decode_cpu_s": work, "tok_per_decode_cpu_s": best["tokens"] / work,
             "peak_rss_mb": best["peak_rss_mb"],
             "roofline_frac": flop_per_token * fed / work / (roof["gflop_per_cpu_s"] * 1e9),
-            "phases": best["phases"], "all_cpu_s": [r["cpu_s"] for r in runs]}
+            "phases": best["phases"], "all_cpu_s": [r["cpu_s"] for r in runs],
+            **{k: best[k] for k in ("step_first_ms", "step_last_ms", "step_growth") if k in best}}
 
 
 def run_case(side: Side, name: str, n: int, prompt_len: int, new_tokens: int, repeats: int, roof: dict,
@@ -409,12 +450,37 @@ def run_case(side: Side, name: str, n: int, prompt_len: int, new_tokens: int, re
             "peak_rss_ratio": e["peak_rss_mb"] / g["peak_rss_mb"] if g["peak_rss_mb"] > 0 else None}
 
 
+def run_rejection(side: Side, name: str, n: int, prompt_len: int, new_tokens: int, every: int, repeats: int,
+                  rng: random.Random) -> dict:
+    """Speculative Rejection (alpha 0.5, a decision every `every` tokens) against Best-of-N on one prompt: reward
+    tokens per generated token (what the reward model was fed, the prompt included, over the tokens generated),
+    CPU seconds and the scoring share."""
+    text = prompt_text(prompt_len, side.runner.target.config.vocab_size, rng)
+    runs: dict[str, list[dict]] = {"sr": [], "bon": []}
+    for _ in range(repeats):
+        runs["sr"].append(side.engine(text, n, new_tokens, every_k_tokens=every))
+        runs["bon"].append(side.engine(text, n, new_tokens))
+    out = {"model": name, "n": n, "prompt_tokens": prompt_len, "new_tokens": new_tokens, "every_k_tokens": every}
+    for key, rs in runs.items():
+        best = min(rs, key=lambda r: r["cpu_s"])
+        out[key] = {"tokens": best["tokens"], "reward_tokens": best["reward_tokens"],
+                    "reward_tokens_per_token": best["reward_tokens"] / best["tokens"], "cpu_s": best["cpu_s"],
+                    "scoring_share": best["phases"].get("scoring", 0.0) / best["cpu_s"],
+                    "rounds": best["rejection_rounds"], "best_reward": best["best_reward"]}
+    return out
+
+
 GRIDS = {  # model: list of (N, prompt tokens, new tokens, mixed lengths)
-    "quick": {"llama-32k": [(16, 32, 64, False), (64, 32, 64, False), (16, 255, 64, False), (64, 255, 64, False),
-                            (64, 32, 64, True)],
-              "qwen2-152k": [(16, 32, 64, False), (16, 255, 64, False)]},
+    "quick": {"llama-32k": [(16, 32, 128, False), (64, 32, 128, False), (64, 512, 64, False),
+                            (64, 32, 128, True)],
+              "qwen2-152k": [(64, 32, 64, False), (64, 512, 64, False)]},
     "full": {m: [(n, p, t, False) for n in (16, 64, 256) for p in (32, 512) for t in (128, 512)]
              + [(64, 32, 512, True), (256, 32, 512, True)] for m in ("llama-32k", "qwen2-152k")},
+}
+
+REJECTION = {  # (N, prompt tokens, new tokens, a decision every k tokens), for each model
+    "quick": [(64, 32, 128, 16)],
+    "full": [(64, 32, 512, 16), (256, 32, 512, 16)],
 }
 
 
@@ -435,8 +501,9 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     print(f"load average at start: {os.getloadavg()}; torch threads {torch.get_num_threads()}; cpus "
           f"{os.cpu_count()}; grid {grid}; repeats {repeats}")
-    phases = Phases()
+    phases, steps = Phases(), StepTimes()
     install_timers(phases)
+    steps.install()
     sides: list[Side] = []
     set_row_limits(sides)
     rng = random.Random(0)
@@ -454,7 +521,7 @@ def main() -> None:
                 d = load_causal_lm(str(folders["draft"]), "models.draft", torch.device("cpu"), "auto", False)
                 draft_params = sum(p.numel() for p in d.model.parameters())
                 del d
-            side = Side(folders, phases)
+            side = Side(folders, phases, steps)
             sides[:] = [side]
             target = side.runner.target
             roof = matmul_roofline(shape[2])
@@ -477,6 +544,13 @@ def main() -> None:
                 report["cases"].append(case)
                 print(f"  N={n} P={p} T={t}{' mixed' if mixed else ''}: engine {case['engine']['cpu_s']:.1f} CPU-s, "
                       f"generate {case['generate']['cpu_s']:.1f} CPU-s; load {case['load_avg'][0]:.2f}", flush=True)
+            for n, p, t, every in REJECTION[grid]:
+                rej = run_rejection(side, name, n, p, t, every, repeats, rng)
+                rej["load_avg"] = os.getloadavg()
+                report.setdefault("rejection", []).append(rej)
+                print(f"  SR N={n} P={p} T={t} every {every}: {rej['sr']['reward_tokens_per_token']:.2f} reward "
+                      f"tokens per token (Best-of-N {rej['bon']['reward_tokens_per_token']:.2f}); load "
+                      f"{rej['load_avg'][0]:.2f}", flush=True)
             del side, target
             sides.clear()
     report["load_avg_end"] = os.getloadavg()
@@ -504,6 +578,14 @@ def main() -> None:
                         "(ratio: engine / generate tokens per CPU-second; peak MB: RSS above the call's start; "
                         "roofline: fraction of the matmul's FLOP per CPU-second, scoring excluded)", rows,
                         list(next(iter(rows.values())).keys()), first="case"))
+    steps = {label(c): {"first ms": c["engine"]["step_first_ms"], "last ms": c["engine"]["step_last_ms"],
+                        "growth": c["engine"]["step_growth"], "columns first": c["prompt_tokens"] + 1,
+                        "columns last": c["prompt_tokens"] + c["new_tokens"]}
+             for c in report["cases"] if not c["mixed_lengths"] and "step_growth" in c["engine"]}
+    if steps:
+        tables.append(table("Engine decoding step (CPU ms, median of the first and of the last quarter of the steps; "
+                            "growth: last / first; the attention reads the KV columns shown)", steps,
+                            list(next(iter(steps.values())).keys()), first="case"))
     names = ["forward", "cache update", "cache select", "sampling", "scoring", "other"]
     shares = {}
     for c in report["cases"]:
@@ -513,8 +595,20 @@ def main() -> None:
         e["phases"] = ph
         shares[label(c)] = {k: ph.get(k, 0.0) / e["cpu_s"] for k in names}
         shares[label(c)]["gen: cache update"] = c["generate"]["phases"].get("cache update", 0.0) / c["generate"]["cpu_s"]
-    tables.append(table("Engine CPU time by phase (share of the engine's CPU seconds; last column: generate's share "
-                        "in the KV cache update)", shares, names + ["gen: cache update"], first="case"))
+        step = sum(ph.get(k, 0.0) for k in ("forward", "cache update", "cache select", "sampling"))
+        shares[label(c)]["sampling of a step"] = ph.get("sampling", 0.0) / step if step else 0.0
+    tables.append(table("Engine CPU time by phase (share of the engine's CPU seconds; gen: generate's share in its KV "
+                        "cache update; sampling of a step: sampling / (forward + cache + sampling))", shares,
+                        names + ["gen: cache update", "sampling of a step"], first="case"))
+    rej = {}
+    for r in report.get("rejection", []):
+        for key, what in (("sr", "SR"), ("bon", "Best-of-N")):
+            rej[f"{r['model']} {what} N={r['n']} P={r['prompt_tokens']} T={r['new_tokens']}"] = {
+                "every k": r["every_k_tokens"] if key == "sr" else None, **r[key]}
+    if rej:
+        tables.append(table("Speculative Rejection (alpha 0.5, fixed schedule) against Best-of-N: reward tokens per "
+                            "generated token, CPU seconds, scoring's share of them", rej,
+                            list(next(iter(rej.values())).keys()), first="run"))
     for t in tables:
         print(t)
     print(f"\nload average at end: {report['load_avg_end']}; process max RSS {report['max_rss_mb']:.0f} MB")
