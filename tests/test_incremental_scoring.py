@@ -242,3 +242,33 @@ def test_short_memory_splits_batches_and_drops_caches_without_changing_scores(mo
         assert all(p.size == 1 for p in session.parts)
         session.release([])
         assert 0 < len(session.held()) <= len(keys) // 4
+
+
+def test_a_call_for_some_prompts_feeds_only_their_rows():
+    """A decision for one prompt (continuous batching keeps a clock per prompt) takes that prompt's rows out of the
+    cache they share with another's: the other rows are not fed, and both stay exact."""
+    scorer = scorer_with(PROMPT_FIRST)
+    ref = whole_scorer(scorer)
+    meter = Meter(2)
+    session = scorer.session(meter)
+    texts = {(g, c): "the dog" for g in range(2) for c in range(3)}
+
+    def call(keys):
+        items = [Scored(g, [{"role": "user", "content": PROMPTS[g]}], texts[(g, c)], [1], [2]) for g, c in keys]
+        assert close(session.score(keys, items), ref(items, Meter(2)))
+
+    call(sorted(texts))
+    assert len(session.parts) == 1
+    held = {k: list(ids) for p in session.parts for k, ids in zip(p.keys, p.ids)}
+    width = session.parts[0].width
+    for _ in range(3):
+        for c in range(3):
+            texts[(0, c)] += " a field ."
+        before = meter.tokens["reward"].clone()
+        call([(0, c) for c in range(3)])
+        assert int(meter.tokens["reward"][1]) == int(before[1])  # the other prompt fed nothing
+        other = [p for p in session.parts if p.keys[0][0] == 1]
+        assert len(other) == 1 and sorted(other[0].keys) == [(1, c) for c in range(3)]
+        assert [held[k] for k in other[0].keys] == other[0].ids and other[0].width == width  # no column added
+    texts[(1, 0)] += " cat"
+    call(sorted(texts))

@@ -426,8 +426,10 @@ class CachedScoring:
 
     New tokens are right-aligned in each forward, so every row's last column is its last token (what the head
     reads); the shorter rows' holes sit before their new tokens. Rows that one forward serves share one cache
-    (`_Rows`); a call joins small ones and splits large ones to keep each forward within the memory budget
-    (`RewardModelScorer.tokens_budget`, the cached columns counted), and packs out holes once they pass
+    (`_Rows`); a call takes the rows it scores out of a cache that also holds rows it does not (a decision for some
+    prompts only), so that no row is fed hole columns for nothing, joins small caches and splits large ones to keep
+    each forward within the memory budget (`RewardModelScorer.tokens_budget`, the cached columns counted), and
+    packs out holes once they pass
     PACK_FRACTION of a cache's columns. Keys leave in bulk (`release`, one selection per cache); `final` keys (a
     finished candidate's last score) are released at the next `release` too, and a batch made only of new final
     keys is never kept. Inputs cut to the reward model's context are scored whole and not kept (the cut moves).
@@ -534,10 +536,19 @@ class CachedScoring:
 
     def _feed_held(self, encoded: list[list[int]], free: int | None, out: list[float]) -> None:
         """Feed the held rows planned this call: small caches joined, large ones split, to fit the budget."""
-        busy = [p for p in self.parts if any(x is not None for x in p.plan)]
+        busy: list[_Rows] = []
+        idle: list[_Rows] = []
+        for p in self.parts:
+            planned = [r for r, x in enumerate(p.plan) if x is not None]
+            if not planned:
+                idle.append(p)
+            elif len(planned) == p.size:
+                busy.append(p)
+            else:  # a call for some of its rows (e.g. one prompt's decision): the others wait apart, unfed
+                idle.append(_take(self.s.model, p, [r for r, x in enumerate(p.plan) if x is None]))
+                busy.append(_take(self.s.model, p, planned))
         if not busy:
             return
-        idle = [p for p in self.parts if all(x is None for x in p.plan)]
         batches: list[list[_Rows]] = []
         for p in busy:
             if batches and self._fits(batches[-1] + [p], encoded, free):
@@ -602,7 +613,7 @@ class CachedScoring:
 
     def _forward(self, p: _Rows, encoded: list[list[int]], out: list[float]) -> None:
         """Feed each planned row of p its new tokens (after dropping the held tokens past the kept ones) and read
-        its score; the rows not planned take hole columns."""
+        its score (every row of p is planned: `_feed_held` takes the planned rows apart)."""
         model, device = self.s.model, p.mask.device
         feeds = [encoded[x[1]][x[0]:] if x is not None else [] for x in p.plan]
         new = max(len(f) for f in feeds)
