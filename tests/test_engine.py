@@ -241,9 +241,9 @@ def test_memory_budget_is_the_free_memory_share_capped_by_memory_budget_mb(monke
 
 
 def test_host_memory_falls_back_to_sysconf_without_proc_meminfo(monkeypatch):
-    from workers.methods import rejection
+    from workers import memory
 
-    assert rejection.host_available_bytes() > 0  # MemAvailable
+    assert memory.host_available_bytes() > 0  # MemAvailable
 
     def no_file(*args, **kwargs):
         raise OSError("no /proc here")
@@ -255,11 +255,11 @@ def test_host_memory_falls_back_to_sysconf_without_proc_meminfo(monkeypatch):
             raise ValueError(f"unrecognized configuration name {name!r}")  # as os.sysconf says it
         return pages[name]
 
-    monkeypatch.setattr(rejection, "open", no_file, raising=False)
-    monkeypatch.setattr(rejection.os, "sysconf", sysconf)
-    assert rejection.host_available_bytes() == 1000 * 4096
+    monkeypatch.setattr(memory, "open", no_file, raising=False)
+    monkeypatch.setattr(memory.os, "sysconf", sysconf)
+    assert memory.host_available_bytes() == 1000 * 4096
     pages.clear()  # sysconf knows neither name either
-    assert rejection.host_available_bytes() is None
+    assert memory.host_available_bytes() is None
 
 
 def test_the_memory_schedule_records_its_budget_and_runs_on_cpu_without_one(items):

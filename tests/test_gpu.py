@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from tests.trio_helpers import config, demo_items, trio_prompts
-from workers.runner import Runner, free_memory_bytes
+from workers.memory import free_memory_bytes
+from workers.runner import Runner
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]

@@ -10,8 +10,10 @@ Terms used throughout:
   draft position. Holes are never attended to; position ids count only real columns.
 (The glossary, docs/glossary.md, defines prompt, candidate, sequence, finished and rejected for the whole project.)
 
-Each prompt is prefilled once and its cache repeated across its candidates (``batch_repeat_interleave``);
-finished and rejected sequences leave the cache by selection (``batch_select_indices``), never by a new prefill.
+Each prompt is prefilled once and its cache shared by its candidates (`workers.shared_prefix`; repeated across them,
+``batch_repeat_interleave``, for a model where sharing is not exact); the KV cache grows in place
+(`workers.kvcache`); finished and rejected sequences leave the cache by selection (``batch_select_indices``), never
+by a new prefill; prompts may join a batch while it decodes (`Batch.extend`, continuous batching).
 """
 
 from __future__ import annotations

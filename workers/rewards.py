@@ -31,6 +31,7 @@ from lexical import concept_coverage
 from workers.cost import Meter
 from workers.loading import context_length
 from workers.logprobs import response_logprobs
+from workers.memory import device_free_bytes
 
 log = logging.getLogger(__name__)
 
@@ -88,17 +89,6 @@ def right_padded(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torc
 SCORING_MEMORY_FRACTION = 0.5  # of the device's free memory, for the transient tensors of one scoring forward
 CACHE_MEMORY_FRACTION = 0.25  # of the device's free memory (a session's own caches counted as free), for the caches
 # a session keeps between calls; rows past it are dropped and scored from their prompt again at their next call
-
-
-def device_free_bytes(device: torch.device) -> int | None:
-    """Free memory of the device, read as workers.runner.free_memory_bytes reads it: on CUDA the driver's free memory
-    plus what torch's caching allocator holds unused, on CPU the host's MemAvailable (None if it cannot be read)."""
-    if device.type == "cuda":
-        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-        return int(torch.cuda.mem_get_info(device)[0]) + int(cached)
-    from workers.methods.rejection import host_available_bytes  # here, not at the top: rejection imports this module
-
-    return host_available_bytes()
 
 
 def last_real(ids: list[int], pad_id: int | None) -> int:

@@ -20,10 +20,11 @@ from workers.cost import Meter
 from workers.engine import kv_bytes_per_token
 from workers.kvcache import storage_columns
 from workers.loading import context_length, load_causal_lm, load_reward_model, pick_device
+from workers.memory import free_memory_bytes
 from workers.methods import get_method
 from workers.methods.common import Context, PoolSampler, PromptInput
 from workers.methods.measures import add_measures
-from workers.methods.rejection import Admission, host_available_bytes
+from workers.methods.rejection import Admission
 from workers.rewards import LexicalScorer, LogprobScorer, PythonScorer, RewardModelScorer, render
 from workers.sampling import Warp, prompt_key
 from workers.shared_prefix import shares_exactly
@@ -66,18 +67,6 @@ def batch_memory_need(rows: int, prompt_tokens: int, new_tokens: int, kv_bytes_p
     else:
         kv_columns = rows * storage_columns(length)
     return kv_columns * kv_bytes_per_token + rows * (8 * length + 3 * 4 * vocab)
-
-
-def free_memory_bytes(device: torch.device) -> int:
-    """Free memory of the device: on CUDA the driver's free memory plus what torch's caching allocator holds unused,
-    on CPU the host's MemAvailable."""
-    if device.type == "cuda":
-        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-        return int(torch.cuda.mem_get_info(device)[0]) + int(cached)
-    free = host_available_bytes()
-    if free is None:
-        raise RuntimeError("cannot read the host's available memory (/proc/meminfo, sysconf) to size a batch")
-    return free
 
 
 class Runner:
@@ -170,7 +159,12 @@ class Runner:
         # the target-only engine shares a prompt's cache across its candidates where that is exact
         shared = self.draft is None and rows > 1 and self.config.method.name in ("best_of_n", "speculative_rejection") \
             and shares_exactly(self.target)
-        return batch_memory_need(rows, len(prompt.ids), prompt.limit if grows else 1, kv, vocab, shared)
+        new = prompt.limit if grows else 1
+        need = batch_memory_need(rows, len(prompt.ids), new, kv, vocab, shared)
+        if self.config.method.name == "speculative_rejection" and getattr(self.reward, "incremental", False):
+            # the reward session keeps each running candidate's reward-model cache from one decision to the next
+            need += rows * storage_columns(len(prompt.ids) + new) * self.reward.kv_bytes_per_token
+        return need
 
     def budget(self) -> int:
         """Bytes a batch's sequences may take: `memory_budget`, else MEMORY_FRACTION of the memory free now."""

@@ -25,7 +25,6 @@ of a `Pool`: `harvest` (finished sequences into their pools), `decide` (one reje
 from __future__ import annotations
 
 import math
-import os
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -34,6 +33,7 @@ import torch
 
 from schemas.methods import BestOfN, SpeculativeRejection
 from workers.engine import Batch
+from workers.memory import host_available_bytes
 from workers.methods.common import Candidate, Context, MethodResult, PromptInput, best_of, reward_stats
 from workers.methods.samplers import pool_sampler
 
@@ -134,21 +134,6 @@ def rejection_cut(scores: Sequence[float], finished: Sequence[float], alpha: flo
         return []
     r_cut = cut_value(list(scores) + list(finished), alpha)
     return [i for i, s in enumerate(scores) if s >= r_cut]
-
-
-def host_available_bytes() -> int | None:
-    """Memory the host can still give (MemAvailable of /proc/meminfo, else sysconf's available pages), or None."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024  # the value is in kB
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
-    except (AttributeError, OSError, ValueError):
-        return None
 
 
 def memory_budget_bytes(params: SpeculativeRejection, device: torch.device) -> int:
