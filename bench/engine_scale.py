@@ -29,11 +29,19 @@ side's decoding, against the matmul's FLOP per CPU-second.
 
 **Phases** of the engine side: CPU time (``time.process_time``) of manual timers wrapped around the engine's
 functions by this bench (exclusive of nested timers): ``forward`` (the model, `workers.engine.forward`, without
-the cache update), ``cache update`` (transformers' ``DynamicLayer.update``: the concatenation that grows the KV
-cache by one column per step), ``cache select`` (``batch_repeat_interleave``, ``Batch.select``/``compact``),
-``sampling`` (``uniforms`` + ``next_tokens``: warp, softmax over the vocabulary, inverse-CDF draw), ``scoring``
-(the reward model's call, tokenization included) and ``other`` (the rest: bookkeeping, ``tolist``, decoding the
-candidates' text). The same ``cache update`` timer also runs under generate, whose share is shown.
+the cache update), ``cache update`` (writing a step's keys and values: the engine's in-place
+``GrowingLayer.update``; transformers' ``DynamicLayer.update``, a concatenation, under generate and in the reward
+session's caches), ``cache select`` (``batch_repeat_interleave``, ``Batch.select``/``compact``), ``sampling``
+(``uniforms`` + ``next_tokens``: warp, softmax over the vocabulary, inverse-CDF draw), ``scoring`` (the reward
+model's call or its session's, tokenization included) and ``other`` (the rest: bookkeeping, ``tolist``, decoding
+the candidates' text). "Sampling of a step" is sampling / (forward + cache update + cache select + sampling).
+
+**Steps**: the CPU time of each ``Engine.step`` call (forward, cache, sampling of one token per sequence); the
+median of the first and of the last quarter of a case's steps, and their ratio, show how a step grows with the
+response length (the attention reads one more column per step; nothing else should grow).
+
+**Speculative Rejection**: one prompt with alpha 0.5 and a decision every 16 tokens against Best-of-N on the same
+prompt: reward tokens (everything the reward model was fed, prompt included) per generated token.
 
 **Random weights rarely emit EOS**: with random init the EOS token has probability about 1/V per step, so almost
 every row decodes to the length limit and the engine's early exit of finished rows never plays. The *mixed lengths*
@@ -43,7 +51,7 @@ the engine has no logits hook, so the bench sets each sequence's length limit (`
 to the row's length, which the engine handles as it handles an EOS (`Engine.done`, then the finished rows leave the
 cache in bulk): the finish reason is "length" rather than "eos", the decoding work is the same.
 
-``--quick`` (the default) fits in about 10 minutes on 2 CPU cores; ``--full`` runs the issue's grid (N = 16, 64,
+``--quick`` (the default) takes about 15 minutes per repeat on 2 CPU cores; ``--full`` runs the issue's grid (N = 16, 64,
 256; prompts of 32 and 512 tokens; 128 and 512 new tokens; hidden 768 x 12 layers), which takes hours on a CPU.
 """
 
@@ -381,7 +389,7 @@ def install_timers(phases: Phases) -> None:
 
     import workers.engine as eng
     from workers.kvcache import GrowingLayer
-    from workers.rewards import RewardModelScorer
+    from workers.rewards import CachedScoring, RewardModelScorer
 
     phases.wrap(eng, "forward", "forward")
     phases.wrap(DynamicLayer, "update", "cache update")  # generate's cache
@@ -391,6 +399,8 @@ def install_timers(phases: Phases) -> None:
     phases.wrap(eng, "uniforms", "sampling")
     phases.wrap(eng, "next_tokens", "sampling")
     phases.wrap(RewardModelScorer, "__call__", "scoring")
+    phases.wrap(CachedScoring, "score", "scoring")  # a pool's reward session (nested calls count once)
+    phases.wrap(CachedScoring, "release", "scoring")
 
 
 def set_row_limits(sides: list[Side]) -> None:
