@@ -25,6 +25,7 @@ def _check_logits(runner, prompts, batch, logits):
 @pytest.mark.parametrize("shared", [True, False])
 def test_a_prompt_joining_a_decoding_batch_gets_its_own_logits(shared, monkeypatch):
     runner = trio()
+    monkeypatch.setattr("workers.shared_prefix.SHARE_MIN_BYTES", 0)  # share even the tiny trio's prompts
     if not shared:
         monkeypatch.setattr(eng, "share", lambda *a: None)
     prompts = trio_prompts(demo_items(4))

@@ -28,6 +28,7 @@ def _decode(prompts, shared: bool, monkeypatch):
     """Prefill 4 candidates per prompt, decode, drop every candidate of the longest prompt (so the left padding
     of the others can be trimmed) and some others; returns the logits of every step and the final cache."""
     runner = trio()
+    monkeypatch.setattr(sp, "SHARE_MIN_BYTES", 0)  # the tiny trio's prompts are below the size worth sharing
     if not shared:
         monkeypatch.setattr(eng, "share", lambda *a: None)
     engine = Engine(runner.target, runner.pad_id, runner.eos_ids, Warp(1.0), 0, Meter(len(prompts)))
@@ -66,7 +67,8 @@ def test_shared_prefix_gives_the_repeated_caches_logits_through_selection_and_tr
             torch.testing.assert_close(shared[-1][r], ref, atol=1e-4, rtol=1e-4)
 
 
-def test_the_prompts_cache_is_held_once(prompts):
+def test_the_prompts_cache_is_held_once(prompts, monkeypatch):
+    monkeypatch.setattr(sp, "SHARE_MIN_BYTES", 0)
     runner = trio()
     engine = Engine(runner.target, runner.pad_id, runner.eos_ids, Warp(1.0), 0, Meter(len(prompts)))
     with torch.inference_mode():
@@ -90,3 +92,16 @@ def test_the_probe_refuses_what_it_cannot_share_exactly(monkeypatch):
     attention = sp.prefix_attention
     monkeypatch.setitem(sp.AttentionInterface._global_mapping, sp.ATTENTION, off_by_a_bit)
     assert sp._probe(target) is False
+
+
+def test_sharing_is_kept_for_caches_worth_it():
+    kv = 2 * 8 * 2 * 64 * 4  # the bench's llama-32k shape: 8 KiB a token
+    assert sp.worth_sharing(512, 64, kv) and sp.worth_sharing(32, 64, kv)  # 256 MiB and 16 MiB of copies
+    assert not sp.worth_sharing(22, 16, 1024)  # 352 KiB: the repeated copies cost less than the extra products
+    assert not sp.worth_sharing(4096, 1, kv)  # one candidate has nothing to share
+    runner = trio()
+    engine = Engine(runner.target, runner.pad_id, runner.eos_ids, Warp(1.0), 0, Meter(1))
+    p = trio_prompts(demo_items(1))[0]
+    with torch.inference_mode():
+        batch = engine.prefill([p.ids], 16, [p.key], [8])
+    assert not isinstance(batch.cache, sp.SharedPrefixCache)  # the tiny trio's prompt repeats

@@ -213,7 +213,8 @@ class Engine:
         groups = local + first_group
         cache = new_cache(self.model.config)
         logits = forward(self.model, self.role, ids, mask, cache, groups, self.meter)[:, -1]  # [P, V]
-        shared = share(self.model, cache, local.repeat_interleave(n))  # the prompt's cache once, if exact
+        # the prompt's cache held once for its candidates, where that is exact and worth it
+        shared = share(self.model, cache, local.repeat_interleave(n), self.kv_bytes_per_column)
         if shared is None:
             cache.batch_repeat_interleave(n)
         batch = Batch(

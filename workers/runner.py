@@ -27,7 +27,7 @@ from workers.methods.measures import add_measures
 from workers.methods.rejection import Admission
 from workers.rewards import LexicalScorer, LogprobScorer, PythonScorer, RewardModelScorer, render
 from workers.sampling import Warp, prompt_key
-from workers.shared_prefix import shares_exactly
+from workers.shared_prefix import shares_exactly, worth_sharing
 
 log = logging.getLogger(__name__)
 
@@ -157,8 +157,8 @@ class Runner:
         kv = kv_bytes_per_token(self.target) + (kv_bytes_per_token(self.draft) if self.draft is not None else 0)
         vocab = self.target.get_output_embeddings().weight.shape[0]
         # the target-only engine shares a prompt's cache across its candidates where that is exact
-        shared = self.draft is None and rows > 1 and self.config.method.name in ("best_of_n", "speculative_rejection") \
-            and shares_exactly(self.target)
+        shared = self.draft is None and self.config.method.name in ("best_of_n", "speculative_rejection") \
+            and worth_sharing(len(prompt.ids), rows, kv) and shares_exactly(self.target)
         new = prompt.limit if grows else 1
         need = batch_memory_need(rows, len(prompt.ids), new, kv, vocab, shared)
         if self.config.method.name == "speculative_rejection" and getattr(self.reward, "incremental", False):

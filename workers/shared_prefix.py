@@ -32,6 +32,7 @@ from workers.kvcache import GrowingLayer, new_cache, plain_columns
 log = logging.getLogger(__name__)
 
 ATTENTION = "winnow_shared_prefix"
+SHARE_MIN_BYTES = 4 * 2**20  # a prompt's repeated cache smaller than this is not worth sharing (`worth_sharing`)
 
 
 class SharedPrefixLayer(GrowingLayer):
@@ -187,9 +188,20 @@ def shared_forward(model, cache: SharedPrefixCache, **inputs):
         return model(past_key_values=cache, winnow_prefix=cache, **inputs)
 
 
-def share(model, prefilled: DynamicCache, group: torch.Tensor) -> SharedPrefixCache | None:
+def worth_sharing(prompt_columns: int, candidates: int, kv_bytes_per_token: int) -> bool:
+    """Whether a prompt's cache is worth sharing: its copies for the candidates would take SHARE_MIN_BYTES or more.
+    Below that, the repeated copies are cheap and the attention's own kernel (one call) beats the shared-prefix
+    attention's per-prompt products (on the bundled tiny trio, sharing made Best-of-16 about 10% slower)."""
+    return candidates > 1 and prompt_columns * candidates * kv_bytes_per_token >= SHARE_MIN_BYTES
+
+
+def share(model, prefilled: DynamicCache, group: torch.Tensor, kv_bytes_per_token: int
+          ) -> SharedPrefixCache | None:
     """The prefilled cache of P prompts as a shared prefix for sequences of prompts `group` [B] (prompt-major), or
-    None where the model cannot share exactly (`shares_exactly`)."""
+    None where it is not worth it (`worth_sharing`) or the model cannot share exactly (`shares_exactly`)."""
+    candidates = int(torch.bincount(group).max()) if group.numel() else 0
+    if not worth_sharing(prefilled.get_seq_length(), candidates, kv_bytes_per_token):
+        return None
     if not shares_exactly(model) or not plain_columns(prefilled):
         return None
     return SharedPrefixCache(prefilled, group)
