@@ -272,3 +272,19 @@ def test_a_call_for_some_prompts_feeds_only_their_rows():
         assert [held[k] for k in other[0].keys] == other[0].ids and other[0].width == width  # no column added
     texts[(1, 0)] += " cat"
     call(sorted(texts))
+
+
+def test_one_input_one_score_whatever_cache_scored_it():
+    scorer = scorer_with(PROMPT_FIRST)
+    session = scorer.session(Meter(1))
+    prompt = [{"role": "user", "content": PROMPTS[0]}]
+
+    def item(text):
+        return Scored(0, prompt, text, [], [])
+
+    # key "a" holds a cache of a shorter response; "b" and "c" are new: the same text reaches all three by other
+    # routes (fed on a held cache, or from the prompt's prefix in other rows)
+    session.score(["a"], [item("the dog ran")])
+    got = session.score(["a", "b", "c"], [item("the dog ran into the field")] * 2 + [item("a cat")])
+    assert got[0] == got[1]  # exactly: a rejection cut keeps ties together
+    assert close(got, whole_scorer(scorer)([item("the dog ran into the field")] * 2 + [item("a cat")], Meter(1)))

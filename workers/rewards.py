@@ -460,7 +460,11 @@ class CachedScoring:
                            [final[i] for i in todo])
         for i, v in zip(todo, values):
             out[i] = v
-        return out
+        # One input, one score: items of a prompt with the same encoding (the same response so far, common at the
+        # first decisions) get the first one's score, whatever rows and caches scored them, so that the float noise
+        # between those does not break their tie at a rejection cut.
+        first: dict[tuple, float] = {}
+        return [first.setdefault((items[i].group, tuple(encoded[i])), v) for i, v in enumerate(out)]
 
     @torch.inference_mode()
     def release(self, keys: Sequence[Hashable]) -> None:
