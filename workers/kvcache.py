@@ -24,7 +24,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 MIN_HEADROOM = 64  # columns added beyond the need when the storage grows
-SELECT_CHUNK = 8  # rows moved at a time by an in-place selection (the temporary copy it needs)
+SELECT_CHUNK_BYTES = 16 * 2**20  # an in-place selection moves rows through temporaries of at most this (or one row)
 
 
 def storage_columns(columns: int) -> int:
@@ -119,15 +119,18 @@ class GrowingLayer(DynamicLayer):
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         """Keep rows `indices`. Ascending indices (what compaction and rejection select) move the kept rows down
-        in place, a few rows at a time, so a selection allocates nothing and leaves the rows before the first
-        dropped one untouched; other selections (beam reordering) copy the rows into fresh storage."""
+        in place, through temporaries of at most SELECT_CHUNK_BYTES (or one row), so a selection allocates little
+        and leaves the rows before the first dropped one untouched; other selections (beam reordering) copy the
+        rows into fresh storage."""
         if not self._n:
             return
         n, idx = self._n, indices.to(self._k.device)
         if self._owned and idx.numel() and bool((idx[1:] > idx[:-1]).all()):
             moved = (idx != torch.arange(idx.numel(), device=idx.device)).nonzero().flatten()
-            for c in range(0, moved.numel(), SELECT_CHUNK):
-                dst = moved[c: c + SELECT_CHUNK]  # rows dst take rows idx[dst] >= dst: later sources are never hit
+            row_bytes = self._k[0, :, :n].numel() * self._k.element_size()
+            chunk = max(1, SELECT_CHUNK_BYTES // max(1, row_bytes))  # rows copied through one temporary
+            for c in range(0, moved.numel(), chunk):
+                dst = moved[c: c + chunk]  # rows dst take rows idx[dst] >= dst: later sources are never hit
                 for t in (self._k, self._v):
                     t[:, :, :n].index_copy_(0, dst, t[:, :, :n].index_select(0, idx[dst]))
             self._k, self._v = self._k[: idx.numel()], self._v[: idx.numel()]
