@@ -206,14 +206,3 @@ def new_cache(config) -> DynamicCache:
     cache = DynamicCache(config=config)
     cache.layers = [GrowingLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
     return cache
-
-
-def cache_bytes(cache: DynamicCache) -> int:
-    """Bytes the cache's storage holds (spare columns included)."""
-    total = 0
-    for layer in cache.layers:
-        for name in ("_k", "_v") if isinstance(layer, GrowingLayer) else ("keys", "values"):
-            t = getattr(layer, name, None)
-            if isinstance(t, torch.Tensor):
-                total += t.numel() * t.element_size()
-    return total
