@@ -161,17 +161,22 @@ def run_to_end(cfg: Path, env: dict, name: str) -> Job:
 
 
 def batch_in_flight(run: Path, job: Job, deadline_s: float = RUN_TIMEOUT) -> dict:
-    """Wait until at least one write is committed and a batch is in flight; its record (the newest)."""
+    """Wait until at least one write is committed and a batch starts; its record, seen within a poll (20 ms) of its
+    start, so that the batch is still running when the caller hits it (a record already there may belong to a batch
+    about to end: the hit would then land between batches)."""
     deadline = time.monotonic() + deadline_s
+    seen: set = set()
     while time.monotonic() < deadline:
         if job.proc.poll() is not None:
             pytest.fail(f"the run ended (exit {job.proc.returncode}) before a batch could be hit:\n{job.stderr[-3000:]}")
-        if committed(run):
-            recs = records(run)
-            if recs:
-                return recs[-1]
+        done = committed(run)
+        recs = records(run)
+        fresh = [r for r in recs if (r.get("pid"), r.get("started_at")) not in seen]
+        seen.update((r.get("pid"), r.get("started_at")) for r in recs)
+        if done and fresh and len(seen) > len(fresh):  # a batch that started after we began watching
+            return fresh[-1]
         time.sleep(0.02)
-    pytest.fail("no batch was in flight after a committed write")
+    pytest.fail("no batch started after a committed write")
 
 
 def kill_actor(rec: dict) -> None:
