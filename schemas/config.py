@@ -40,7 +40,8 @@ class ModelReward(Strict):
         "tokenizer; prompt and response are rendered with that tokenizer's chat template."
     )
     batch_tokens: int = Field(
-        8192, ge=64, description="Token budget of one scoring batch (sequences x padded length)."
+        8192, ge=64, description="Most tokens of one scoring batch (sequences x padded length); batches are also "
+        "kept within half of the device's free memory."
     )
 
 
