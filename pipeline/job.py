@@ -201,7 +201,7 @@ def run(config: JobConfig, folder: RunFolder) -> None:
                                    "config_hash": config.hash()},
             batch_size=r.prompts_per_batch,
             batch_format="pyarrow",
-            compute=ray.data.ActorPoolStrategy(size=r.workers),
+            compute=actor_pool(config),
             num_cpus=r.cpus_per_worker,
             num_gpus=r.gpus_per_worker,
             # Ray Data restarts dead actors and retries their batches forever by default; an engine that keeps
@@ -213,6 +213,18 @@ def run(config: JobConfig, folder: RunFolder) -> None:
             max_task_retries=r.max_retries,
         )
         ds.write_parquet(folder.url("candidates"), filesystem=fs, ray_remote_args={"num_cpus": 0})
+
+
+def actor_pool(config: JobConfig) -> ray.data.ActorPoolStrategy:
+    """`resources.workers` actors; each runs two batches at once where their prompts feed one decoding loop
+    (`workers.feed`: the next batch's prompts take the places of rows that finish early), one otherwise."""
+    from workers.runner import concurrent_calls
+
+    calls = concurrent_calls(config)
+    if calls == 1:
+        return ray.data.ActorPoolStrategy(size=config.resources.workers)
+    return ray.data.ActorPoolStrategy(size=config.resources.workers, max_concurrent_calls_per_actor=calls,
+                                      enable_true_multi_threading=True)
 
 
 def connect() -> str:

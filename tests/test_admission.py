@@ -86,3 +86,97 @@ def test_prompts_admitted_as_rows_free_give_the_rows_of_starting_together(method
     assert comparable(rows) == comparable(together)
     # (the target tokens charged may differ: a finished sequence is fed until its batch compacts, which depends
     # on who else is in the batch)
+
+
+def _loop_ends(runner, within: float = 10.0) -> bool:
+    """Whether the runner's decoding loop thread ends (it does once its last call has returned)."""
+    import time
+
+    deadline = time.monotonic() + within
+    while runner._loop.thread is not None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return runner._loop.thread is None
+
+
+def _feed_two_calls(runner, first: list[dict], second: list[dict]) -> tuple[list[dict], list[dict], float]:
+    """Run two actor calls on `runner` from two threads, the second started once the first decodes."""
+    import threading
+    import time
+
+    out: dict[str, list[dict]] = {}
+    started = threading.Event()
+    step = eng.Engine.step
+
+    def stepping(self, batch):
+        started.set()
+        return step(self, batch)
+
+    def call(name, items):
+        out[name] = runner.run(items)
+
+    t0 = time.perf_counter()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(eng.Engine, "step", stepping)
+        a = threading.Thread(target=call, args=("a", first))
+        a.start()
+        assert started.wait(60)
+        b = threading.Thread(target=call, args=("b", second))
+        b.start()
+        a.join(120)
+        b.join(120)
+    return out["a"], out["b"], time.perf_counter() - t0
+
+
+@pytest.mark.parametrize("method", [
+    {"name": "best_of_n", "n": 4},
+    {"name": "speculative_rejection", "n": 4, "alpha": 0.5, "schedule": "fixed", "every_k_tokens": 4},
+    {"name": "greedy"},
+])
+def test_two_actor_calls_feed_one_decoding_loop_and_get_the_rows_of_running_alone(method, monkeypatch):
+    """Continuous batching across actor calls (workers.feed): a second call's prompts join the batch while the
+    first call's decode; each call gets the rows it gets alone, its cost charged once."""
+    from tests.trio_helpers import config
+    from workers.runner import Runner
+
+    cfg = config(method=method, generation={"max_new_tokens": 24}, resources={"prompts_per_batch": 2})
+    items = demo_items(4)
+    runner = Runner(cfg)
+    alone = runner.run(items[:2]) + runner.run(items[2:])
+    seen = []  # groups of every sampling step's batch
+    step = eng.Engine.step
+
+    def watched(self, batch):
+        seen.append(set(batch.group[batch.alive].tolist()))
+        return step(self, batch)
+
+    monkeypatch.setattr(eng.Engine, "step", watched)
+    a, b, elapsed = _feed_two_calls(runner, items[:2], items[2:])
+    assert [r["prompt_id"] for r in a + b] == [x["prompt_id"] for x in items]
+    assert comparable(a + b) == comparable(alone)
+    assert any(s & {0, 1} and s & {2, 3} for s in seen)  # a step decoded prompts of both calls together
+    device = sum(r["cost"]["device_seconds"] for r in a + b)
+    assert 0 < device <= elapsed  # each stretch of the loop charged once, to the prompts that worked in it
+    assert all(r["cost"]["target_forwards"] > 0 and r["cost"]["reward_tokens"] >= 0 for r in a + b)
+    assert _loop_ends(runner) and runner._loop.pool is None  # the loop ended with its last call, its pool dropped
+
+
+def test_a_failure_in_the_decoding_loop_fails_every_call_in_flight_and_the_next_call_runs(monkeypatch):
+    from tests.trio_helpers import config
+    from workers.runner import Runner
+
+    runner = Runner(config(method={"name": "best_of_n", "n": 4}, generation={"max_new_tokens": 16}))
+    items = demo_items(4)
+    want = runner.run(items[:2])
+    step, calls = eng.Engine.step, []
+
+    def failing(self, batch):
+        calls.append(1)
+        if len(calls) == 6:
+            raise RuntimeError("engine died")
+        return step(self, batch)
+
+    monkeypatch.setattr(eng.Engine, "step", failing)
+    with pytest.raises(RuntimeError, match="engine died"):
+        runner.run(items[:2])
+    assert _loop_ends(runner)
+    assert comparable(runner.run(items[:2])) == comparable(want)  # a fresh pool for the next call

@@ -202,9 +202,9 @@ def test_quality_measures_run_after_the_cost_window_closes(items, monkeypatch):
         time.sleep(1.0)
         add_measures(ctx, prompts, results)
 
-    def costs(meter, devices=1.0):
+    def costs(meter, *args, **kwargs):
         events.append("costs")
-        return per_prompt(meter, devices)
+        return per_prompt(meter, *args, **kwargs)
 
     monkeypatch.setattr(runner_module, "add_measures", slow_measures)
     monkeypatch.setattr(Meter, "per_prompt", costs)

@@ -4,6 +4,12 @@ its reward inputs were cut to fit the reward model (not a cost, but counted per 
 A batched forward serves several prompts at once; it counts as one forward call for each prompt that had sequences
 in it, and each prompt is charged the real (unmasked) tokens of its own sequences. Device seconds of a batch are
 shared among its prompts in proportion to the target tokens they caused, so they sum to the batch's device time.
+
+A meter also serves a decoding loop that prompts join and leave over an actor's life (`workers.feed`): prompts are
+numbered on, `grow` adds room for the next ones and `retire` forgets the oldest once they are done, so the meter
+holds only a window of prompt numbers (`base` is the first). There each stretch of work is charged as it ends
+(`tick`): its seconds are shared among the prompts by the tokens they caused in it, so the device seconds of all the
+prompts sum to the loop's busy time, however many actor calls overlapped.
 """
 
 from __future__ import annotations
@@ -17,30 +23,100 @@ ROLES = ("target", "draft", "reward")
 
 class Meter:
     def __init__(self, num_prompts: int):
-        self.num_prompts = num_prompts
+        self.num_prompts = num_prompts  # the window's size: prompts base .. base + num_prompts - 1
+        self.base = 0
         self.tokens = {r: torch.zeros(num_prompts, dtype=torch.long) for r in ROLES}
         self.forwards = {r: torch.zeros(num_prompts, dtype=torch.long) for r in ROLES}
         self.reward_inputs_truncated = torch.zeros(num_prompts, dtype=torch.long)
         self.started = time.perf_counter()
+        self.seconds: torch.Tensor | None = None  # [num_prompts] float64 once `tick` charges time
+        self._charged: torch.Tensor | None = None  # tokens of every role at the last tick
+
+    def _index(self, group: torch.Tensor) -> torch.Tensor:
+        g = group.cpu()
+        return g - self.base if self.base else g
 
     def count_forward(self, role: str, group: torch.Tensor, new_tokens: torch.Tensor) -> None:
         """One forward over sequences of prompts `group` [B] that processed `new_tokens` [B] real tokens each."""
-        g = group.cpu()
+        g = self._index(group)
         self.tokens[role] += torch.bincount(g, weights=new_tokens.cpu().double(), minlength=self.num_prompts).long()
         self.forwards[role] += (torch.bincount(g, minlength=self.num_prompts) > 0).long()
 
     def count_truncated(self, group: torch.Tensor) -> None:
         """Reward inputs of prompts `group` [B] (one entry per input) that were cut to the reward model's context."""
-        self.reward_inputs_truncated += torch.bincount(group.cpu(), minlength=self.num_prompts)
+        self.reward_inputs_truncated += torch.bincount(self._index(group), minlength=self.num_prompts)
 
-    def per_prompt(self, devices: float = 1.0) -> list[dict]:
-        """The output row's `cost` struct (README: Output columns) for each prompt. `devices`: GPUs (or 1 for a CPU
-        worker) this batch held."""
-        wall = time.perf_counter() - self.started
-        tgt = self.tokens["target"].double()
-        share = tgt / tgt.sum() if tgt.sum() > 0 else torch.full_like(tgt, 1.0 / max(self.num_prompts, 1))
+    # -- a window of prompts over a decoding loop ---------------------------------------------------------------
+    def _all_tokens(self) -> torch.Tensor:
+        return sum(self.tokens[r] for r in ROLES).double()
+
+    def grow(self, num_prompts: int) -> None:
+        """Make room for prompts up to base + num_prompts - 1 (a loop numbers its prompts on)."""
+        extra = num_prompts - self.num_prompts
+        if extra <= 0:
+            return
+        for d in (self.tokens, self.forwards):
+            for r in ROLES:
+                d[r] = torch.cat([d[r], d[r].new_zeros(extra)])
+        self.reward_inputs_truncated = torch.cat([self.reward_inputs_truncated,
+                                                  self.reward_inputs_truncated.new_zeros(extra)])
+        if self.seconds is not None:
+            self.seconds = torch.cat([self.seconds, self.seconds.new_zeros(extra)])
+            self._charged = torch.cat([self._charged, self._charged.new_zeros(extra)])
+        self.num_prompts = num_prompts
+
+    def retire(self, upto: int) -> None:
+        """Forget prompts before `upto` (absolute number): their rows are written."""
+        drop = min(upto - self.base, self.num_prompts)
+        if drop <= 0:
+            return
+        for d in (self.tokens, self.forwards):
+            for r in ROLES:
+                d[r] = d[r][drop:].clone()
+        self.reward_inputs_truncated = self.reward_inputs_truncated[drop:].clone()
+        if self.seconds is not None:
+            self.seconds = self.seconds[drop:].clone()
+            self._charged = self._charged[drop:].clone()
+        self.num_prompts -= drop
+        self.base += drop
+
+    def tick(self) -> None:
+        """Charge the seconds since the last tick to the prompts that caused tokens since then, in proportion to
+        them. A stretch in which no token was counted is carried over to the next one that counts some."""
+        if self.seconds is None:
+            self.seconds = torch.zeros(self.num_prompts, dtype=torch.float64)
+            self._charged = torch.zeros(self.num_prompts, dtype=torch.float64)
+        now = time.perf_counter()
+        total = self._all_tokens()
+        caused = total - self._charged
+        if float(caused.sum()) > 0:
+            self.seconds += (now - self.started) * caused / caused.sum()
+            self._charged = total
+            self.started = now
+
+    def pause(self) -> None:
+        """Charge what was done so far, then start the next stretch now: the time in between is nobody's (the
+        quality measures, waiting for prompts)."""
+        self.tick()
+        self.started = time.perf_counter()
+
+    # -- the rows' cost struct ------------------------------------------------------------------------------------
+    def per_prompt(self, devices: float = 1.0, groups: list[int] | None = None, wall: float | None = None
+                   ) -> list[dict]:
+        """The output row's `cost` struct (README: Output columns) for each prompt (or for prompts `groups`,
+        absolute numbers). `devices`: GPUs (or 1 for a CPU worker) this batch held. `wall`: the wall seconds of the
+        prompts' batch (default: since `started`). Device seconds are the prompts' share of the time since
+        `started` by their target tokens, or what `tick` charged them when the meter serves a loop."""
+        wall = time.perf_counter() - self.started if wall is None else wall
+        if self.seconds is not None:
+            seconds = self.seconds
+        else:
+            tgt = self.tokens["target"].double()
+            share = tgt / tgt.sum() if tgt.sum() > 0 else torch.full_like(tgt, 1.0 / max(self.num_prompts, 1))
+            seconds = wall * share
         out = []
-        for i in range(self.num_prompts):
+        for g in range(self.base, self.base + self.num_prompts) if groups is None else groups:
+            i = g - self.base
             out.append(
                 {
                     "target_tokens": int(self.tokens["target"][i]),
@@ -50,7 +126,7 @@ class Meter:
                     "draft_forwards": int(self.forwards["draft"][i]),
                     "reward_forwards": int(self.forwards["reward"][i]),
                     "wall_seconds": wall,
-                    "device_seconds": wall * devices * float(share[i]),
+                    "device_seconds": float(seconds[i]) * devices,
                 }
             )
         return out

@@ -10,6 +10,7 @@ target's context) becomes a row with `error` set; a failure of the engine itself
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 import torch
@@ -18,6 +19,7 @@ from schemas.config import JobConfig
 from schemas.rows import error_row, prompt_problem
 from workers.cost import Meter
 from workers.engine import kv_bytes_per_token
+from workers.feed import CONCURRENT_CALLS, DecodeLoop
 from workers.kvcache import storage_columns
 from workers.loading import context_length, load_causal_lm, load_reward_model, pick_device
 from workers.memory import free_memory_bytes
@@ -69,6 +71,29 @@ def batch_memory_need(rows: int, prompt_tokens: int, new_tokens: int, kv_bytes_p
     return kv_columns * kv_bytes_per_token + rows * (8 * length + 3 * 4 * vocab)
 
 
+def admits(config: JobConfig) -> bool:
+    """Whether `config`'s prompts join one decoding batch as room frees (continuous batching, `workers.feed`): the
+    candidate-pool methods with the target-only sampler."""
+    name = config.method.name
+    return name in ("greedy", "nucleus") or (
+        name in ("best_of_n", "speculative_rejection") and config.generation.sampler == "target")
+
+
+def feeds_across_calls(config: JobConfig) -> bool:
+    """Whether the prompts of several actor calls share one decoding loop (`workers.feed`): where they join one
+    batch (`admits`) and what a prompt gets does not depend on which prompts share its batch. Speculative
+    Rejection's memory schedule decides when the whole batch's cache is full, so there it would depend on when Ray
+    delivers the next call: its calls decode one at a time, and a run is reproduced exactly."""
+    m = config.method
+    return admits(config) and not (m.name == "speculative_rejection" and m.schedule == "memory")
+
+
+def concurrent_calls(config: JobConfig) -> int:
+    """Actor calls (Ray Data batches) one actor should run at once: two where their prompts feed one decoding loop
+    (the next batch's prompts take the places of rows that finish early), else one."""
+    return CONCURRENT_CALLS if feeds_across_calls(config) else 1
+
+
 class Runner:
     memory_budget: int | None = None  # bytes for a batch's sequences; None: MEMORY_FRACTION of the free memory
 
@@ -94,6 +119,9 @@ class Runner:
         g = config.generation
         self.warp = Warp(temperature=g.temperature, top_k=g.top_k, top_p=g.top_p)
         self.method = get_method(config.method.name)
+        self._loop: DecodeLoop | None = None
+        self._loop_lock = threading.Lock()
+        self._call_lock = threading.Lock()
 
     def _reward(self):
         r = self.config.models.reward
@@ -172,11 +200,9 @@ class Runner:
             free_memory_bytes(self.device) * MEMORY_FRACTION)
 
     def admits(self) -> bool:
-        """Whether the method's prompts join one decoding batch as room frees (continuous batching, `Admission`):
+        """Whether the method's prompts join one decoding batch as room frees, over actor calls (`workers.feed`):
         the candidate-pool methods on the target-only engine. The others decode in `memory_groups`."""
-        name = self.config.method.name
-        return name in ("greedy", "nucleus") or (
-            name in ("best_of_n", "speculative_rejection") and self.config.generation.sampler == "target")
+        return admits(self.config)
 
     def memory_groups(self, ready: list[tuple[int, PromptInput]], budget: int | None = None
                       ) -> list[list[tuple[int, PromptInput]]]:
@@ -204,11 +230,30 @@ class Runner:
             used += need
         return groups
 
+    @property
+    def devices(self) -> float:
+        """GPUs this worker holds (1 for a CPU worker): what its wall time is multiplied by for device seconds."""
+        return self.config.resources.gpus_per_worker or 1.0
+
+    def synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
     @torch.inference_mode()
     def run(self, items: list[dict]) -> list[dict]:
-        """One output row per input prompt, in order (error rows for prompts that cannot run). Prompts are decoded
-        together: in one batch that they join as memory frees (`admits`), or in as many groups as memory requires
-        (`memory_groups`)."""
+        """One output row per input prompt, in order (error rows for prompts that cannot run). Safe to call from
+        several threads at once. Where `feeds_across_calls`, every call feeds one decoding loop whose batch the
+        prompts join as memory frees (`workers.feed`); else a call's prompts decode on their own: in one batch
+        that they join as memory frees (`admits`), or in as many groups as memory requires (`memory_groups`)."""
+        if feeds_across_calls(self.config):
+            with self._loop_lock:
+                if self._loop is None:
+                    self._loop = DecodeLoop(self)
+            return self._loop.run(items)
+        with self._call_lock:
+            return self._run_groups(items)
+
+    def _run_groups(self, items: list[dict]) -> list[dict]:
         started = time.perf_counter()
         ready, errors = self.prepare(items)
         out: list[dict | None] = [errors.get(i) for i in range(len(items))]
@@ -216,9 +261,8 @@ class Runner:
             return out
         budget = self.budget()
         groups = self.memory_groups(ready, budget)  # a prompt that cannot fit alone fails here
-        if self.admits():
-            needs = {id(p): self.memory_need(p) for _, p in ready}
-            self._run_group(ready, out, started, Admission(budget, lambda p: needs[id(p)]))
+        if self.admits():  # one batch that the prompts join as memory frees
+            self._run_group(ready, out, started, Admission(budget, self.memory_need))
             return out
         for group in groups:
             self._run_group(group, out, started)
@@ -233,16 +277,18 @@ class Runner:
         ctx.admission = admission
         prompts = [p for _, p in ready]
         results = self.method(ctx, self.config.method, prompts)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        costs = meter.per_prompt(self.config.resources.gpus_per_worker or 1.0)  # the cost window closes here
-        add_measures(ctx, prompts, results)  # quality measures, not billed
-        truncated = meter.reward_inputs_truncated.tolist()
+        self.synchronize()
+        costs = meter.per_prompt(self.devices)  # the cost window closes here
+        self.fill_rows(ctx, ready, results, costs, meter.reward_inputs_truncated.tolist(), out)
 
-        def reward_stats(g: int) -> dict:  # only a reward model has a context to cut its inputs to
-            return {"reward_inputs_truncated": truncated[g]} if isinstance(self.reward, RewardModelScorer) else {}
-
-        for g, ((i, p), res, cost) in enumerate(zip(ready, results, costs)):
+    def fill_rows(self, ctx: Context, ready: list[tuple[int, PromptInput]], results: list, costs: list[dict],
+                  truncated: list[int], out: list[dict | None]) -> None:
+        """Each prompt's output row into its position of `out`, with its quality measures (`add_measures`, run
+        after the costs were taken: not billed) and `truncated`, its reward inputs cut to the reward model's
+        context."""
+        add_measures(ctx, [p for _, p in ready], results)
+        with_truncated = isinstance(self.reward, RewardModelScorer)  # only a reward model has a context to cut to
+        for (i, p), res, cost, cut in zip(ready, results, costs, truncated):
             best = res.best_index
             cand = res.candidates[best] if best is not None else None
             out[i] = {
@@ -254,6 +300,7 @@ class Runner:
                 "best_text": cand.text if cand else None,
                 "best_reward": cand.reward if cand else None,
                 "cost": cost,
-                "stats": {"prompt_tokens": len(p.ids), **res.stats, **reward_stats(g)},
+                "stats": {"prompt_tokens": len(p.ids), **res.stats,
+                          **({"reward_inputs_truncated": cut} if with_truncated else {})},
                 "error": None,
             }

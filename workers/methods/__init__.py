@@ -8,11 +8,11 @@ has closed the batch's cost window, so their forward is not billed.
 
 from __future__ import annotations
 
-from workers.methods.baselines import greedy, nucleus
+from workers.methods.baselines import greedy, greedy_plan, nucleus, nucleus_plan
 from workers.methods.beam import beam
 from workers.methods.cdsl import cdlh, cdlh_appx, cdsl
 from workers.methods.mjsd import mjsd
-from workers.methods.rejection import best_of_n, speculative_rejection
+from workers.methods.rejection import best_of_n, best_of_n_plan, speculative_rejection, speculative_rejection_plan
 from workers.methods.speculative import speculative_decoding
 
 METHODS = {
@@ -26,6 +26,16 @@ METHODS = {
     "cdsl": cdsl,
     "cdlh": cdlh,
     "cdlh_appx": cdlh_appx,
+}
+
+
+# The candidate-pool methods as plans (workers.methods.rejection.PoolPlan): what a decoding loop that prompts join
+# over many actor calls runs (workers.feed).
+POOL_PLANS = {
+    "best_of_n": best_of_n_plan,
+    "speculative_rejection": speculative_rejection_plan,
+    "greedy": greedy_plan,
+    "nucleus": nucleus_plan,
 }
 
 

@@ -18,8 +18,10 @@ Best-of-N is the same pool with no decision tokens. Rejected sequences leave the
 (`Batch.select`), so a round costs the scoring and nothing more; and the scoring goes through one reward session
 per pool (`Context.reward_session`), which with a causal reward model keeps each running candidate's reward-model
 cache from one decision to the next, so a decision feeds the reward model the tokens generated since the last one
-(plus the template's end-of-turn tokens), not every response whole. The driver, `run_pool`, loops over plain functions
-of a `Pool`: `harvest` (finished sequences into their pools), `decide` (one rejection round) and `pool_results`.
+(plus the template's end-of-turn tokens), not every response whole. A method is a `PoolPlan` (its n, alpha, schedule and
+sampler); `run_plan` turns `pool_step` (admit, harvest, decide, step: plain functions of a `Pool`) until the pool is
+empty, then makes each prompt's result (`prompt_result`). `workers.feed` turns the same steps for a pool that prompts
+join over many actor calls (`add_prompts`, `complete_prompts`, `forget_prompt`).
 """
 
 from __future__ import annotations
@@ -71,10 +73,11 @@ class FixedSchedule:
                 self.last[-1] = length
                 return batch_groups(batch)
             return set()
-        longest = torch.zeros(int(batch.group.max()) + 1, dtype=torch.long, device=batch.length.device)
-        longest.scatter_reduce_(0, batch.group, batch.length, reduce="amax")
+        groups, where = torch.unique(batch.group, return_inverse=True)
+        longest = torch.zeros(len(groups), dtype=torch.long, device=batch.length.device)
+        longest.scatter_reduce_(0, where, batch.length, reduce="amax")
         out = set()
-        for g, length in enumerate(longest.tolist()):
+        for g, length in zip(groups.tolist(), longest.tolist()):
             if length // self.k > self.last[g] // self.k:
                 self.last[g] = length
                 out.add(g)
@@ -82,6 +85,9 @@ class FixedSchedule:
 
     def rejected(self, count: int) -> None:
         pass
+
+    def forget(self, group: int) -> None:
+        self.last.pop(group, None)
 
 
 class MemorySchedule:
@@ -171,6 +177,7 @@ class Pool:
     unscored: list[tuple[int, int]] = field(default_factory=list)  # finished since the last decision, no reward yet
     scoring: object = None  # the reward session (Context.reward_session), made at the first scoring: it keeps each
     # running candidate's reward-model cache from one decision to the next
+    n: int = 0  # candidates per prompt
 
     @property
     def running(self) -> bool:
@@ -189,7 +196,7 @@ class Admission:
 
 def open_pool(prompts: list[PromptInput], n: int, sampler) -> Pool:
     """A pool whose prompts all wait; `admit` starts them."""
-    return Pool(prompts, sampler, None, [[None] * n for _ in prompts], waiting=list(range(len(prompts))))
+    return Pool(list(prompts), sampler, None, [[None] * n for _ in prompts], waiting=list(range(len(prompts))), n=n)
 
 
 def admit(ctx: Context, pool: Pool, n: int) -> None:
@@ -207,8 +214,8 @@ def admit(ctx: Context, pool: Pool, n: int) -> None:
     else:
         used = 0.0
         if b is not None and b.size:
-            running = torch.bincount(b.group[b.alive], minlength=len(pool.prompts)).tolist()
-            used = sum(policy.need(pool.prompts[g]) * r / n for g, r in enumerate(running) if r)
+            groups, running = torch.unique(b.group[b.alive], return_counts=True)
+            used = sum(policy.need(pool.prompts[g]) * r / n for g, r in zip(groups.tolist(), running.tolist()))
         take = []
         for g in pool.waiting:
             need = policy.need(pool.prompts[g])
@@ -310,57 +317,140 @@ def decide(ctx: Context, pool: Pool, alpha: float, groups: set[int]) -> int:
     return len(rejected)
 
 
-def pool_results(ctx: Context, pool: Pool) -> list[MethodResult]:
-    """Each prompt's candidates (decoded), its answer (eq. 6: the finished one with the highest reward), stats."""
-    results = []
-    for g, cands in enumerate(pool.pools):
-        for c, cand in enumerate(cands):
-            cand.text = ctx.decode(cand.tokens)
-            cand.partial_rewards = pool.partials.get((g, c), [])
-        stats = {
-            "generated_tokens": sum(len(c.tokens) for c in cands),
-            "finished_candidates": sum(c.finish_reason != "rejected" for c in cands),
-            "rejection_rounds": len(pool.decisions[g]),
-            "decision_tokens": pool.decisions[g],
-            **reward_stats(cands),
-            **pool.sampler.stats(g),
-        }
-        results.append(MethodResult(cands, best_of(cands), stats))  # eq. 6
-    return results
+def prompt_result(ctx: Context, pool: Pool, g: int) -> MethodResult:
+    """Prompt g's candidates (decoded), its answer (eq. 6: the finished one with the highest reward), stats."""
+    cands = pool.pools[g]
+    for c, cand in enumerate(cands):
+        cand.text = ctx.decode(cand.tokens)
+        cand.partial_rewards = pool.partials.get((g, c), [])
+    stats = {
+        "generated_tokens": sum(len(c.tokens) for c in cands),
+        "finished_candidates": sum(c.finish_reason != "rejected" for c in cands),
+        "rejection_rounds": len(pool.decisions[g]),
+        "decision_tokens": pool.decisions[g],
+        **reward_stats(cands),
+        **pool.sampler.stats(g),
+    }
+    return MethodResult(cands, best_of(cands), stats)  # eq. 6
+
+
+@dataclass
+class PoolPlan:
+    """How a candidate-pool method decodes: its context (with the warp it samples with), n candidates per prompt,
+    the rejection quantile alpha and the schedule of decision tokens, its sampler, and what it adds to each
+    prompt's result at the end (`finish`)."""
+
+    ctx: Context
+    n: int
+    alpha: float
+    schedule: object  # NoDecisions | FixedSchedule | MemorySchedule
+    sampler: object  # workers.engine.Engine or workers.speculative.SpeculativeEngine
+    finish: Callable[[MethodResult], None] | None = None
+
+    def result(self, pool: Pool, g: int) -> MethodResult:
+        r = prompt_result(self.ctx, pool, g)
+        if self.finish is not None:
+            self.finish(r)
+        return r
+
+    def forget(self, pool: Pool, g: int) -> None:
+        """Drop what the pool and the schedule hold of prompt g once its row is made (`forget_prompt`)."""
+        forget_prompt(pool, g)
+        drop = getattr(self.schedule, "forget", None)
+        if drop is not None:
+            drop(g)
+
+
+def pool_step(pool: Pool, plan: PoolPlan) -> bool:
+    """One turn of the decoding loop: start the waiting prompts that fit, harvest finished sequences, a rejection
+    round where the schedule calls one, and one sampling step. Returns False once nothing runs or waits."""
+    ctx = plan.ctx
+    admit(ctx, pool, plan.n)  # before the harvest: a fresh candidate's first token may already end it
+    if pool.batch is None:
+        return bool(pool.waiting)
+    harvest(ctx, pool)
+    if not pool.running:
+        return bool(pool.waiting)
+    due = plan.schedule.due(pool.batch, pool.sampler)
+    if due:
+        plan.schedule.rejected(decide(ctx, pool, plan.alpha, due))
+        if not pool.running:
+            return True
+    pool.sampler.step(pool.batch)
+    return True
 
 
 @torch.inference_mode()
+def run_plan(plan: PoolPlan, prompts: list[PromptInput]) -> list[MethodResult]:
+    """Decode n candidates per prompt, with a rejection round at each decision token the schedule calls."""
+    pool = open_pool(prompts, plan.n, plan.sampler)
+    while pool_step(pool, plan):
+        pass
+    if pool.unscored:
+        score_finished(plan.ctx, pool)
+    return [plan.result(pool, g) for g in range(len(prompts))]
+
+
 def run_pool(ctx: Context, prompts: list[PromptInput], n: int, alpha: float, schedule, sampler) -> list[MethodResult]:
     """Decode n candidates per prompt with `sampler`, with a rejection round at each decision token the schedule
     calls."""
-    pool = open_pool(prompts, n, sampler)
-    while True:
-        admit(ctx, pool, n)  # before the harvest: a fresh candidate's first token may already end it
-        harvest(ctx, pool)
-        if not pool.running:
-            if pool.waiting:
-                continue
-            break
-        due = schedule.due(pool.batch, sampler)
-        if due:
-            schedule.rejected(decide(ctx, pool, alpha, due))
-            if not pool.running:
-                continue
-        sampler.step(pool.batch)
-    if pool.unscored:
-        score_finished(ctx, pool)
-    return pool_results(ctx, pool)
+    return run_plan(PoolPlan(ctx, n, alpha, schedule, sampler), prompts)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A pool that prompts join while it decodes, over many actor calls (workers.feed)
+
+
+def add_prompts(pool: Pool, prompts: list[PromptInput]) -> list[int]:
+    """Append prompts to a pool, decoding or not; they wait for `admit`. Returns their numbers (groups)."""
+    first = len(pool.prompts)
+    pool.prompts.extend(prompts)
+    pool.pools.extend([None] * pool.n for _ in prompts)
+    groups = list(range(first, first + len(prompts)))
+    pool.waiting.extend(groups)
+    return groups
+
+
+def complete_prompts(ctx: Context, pool: Pool, groups: set[int]) -> list[int]:
+    """The prompts among `groups` whose every candidate has ended, with their final rewards given (one scoring
+    call for all of them; their candidates leave the reward session)."""
+    ended = [g for g in sorted(groups) if all(c is not None for c in pool.pools[g])]
+    mine = set(ended)
+    done = [k for k in pool.unscored if k[0] in mine]
+    if done:
+        pool.unscored = [k for k in pool.unscored if k[0] not in mine]
+        score_finished(ctx, pool, (), done)
+        pool.scoring.release(done)
+    return ended
+
+
+def forget_prompt(pool: Pool, g: int) -> None:
+    """Drop what the pool holds of prompt g once its row is made: a long-lived pool keeps only its numbering."""
+    pool.prompts[g] = None
+    pool.pools[g] = None
+    for c in range(pool.n):
+        pool.partials.pop((g, c), None)
+    pool.decisions.pop(g, None)
+
+
+def best_of_n_plan(ctx: Context, params: BestOfN) -> PoolPlan:
+    return PoolPlan(ctx, params.n, 0.0, NoDecisions(), pool_sampler(ctx))
+
+
+def speculative_rejection_plan(ctx: Context, params: SpeculativeRejection) -> PoolPlan:
+    if params.schedule == "fixed":
+        return PoolPlan(ctx, params.n, params.alpha, FixedSchedule(params.every_k_tokens), pool_sampler(ctx))
+    budget = memory_budget_bytes(params, next(ctx.target.parameters()).device)
+
+    def finish(r: MethodResult) -> None:
+        r.stats["memory_budget_bytes"] = budget
+
+    return PoolPlan(ctx, params.n, params.alpha, MemorySchedule(budget), pool_sampler(ctx), finish)
 
 
 def best_of_n(ctx: Context, params: BestOfN, prompts: list[PromptInput]) -> list[MethodResult]:
-    return run_pool(ctx, prompts, params.n, 0.0, NoDecisions(), pool_sampler(ctx))
+    return run_plan(best_of_n_plan(ctx, params), prompts)
 
 
 def speculative_rejection(ctx: Context, params: SpeculativeRejection, prompts: list[PromptInput]) -> list[MethodResult]:
-    if params.schedule == "fixed":
-        return run_pool(ctx, prompts, params.n, params.alpha, FixedSchedule(params.every_k_tokens), pool_sampler(ctx))
-    budget = memory_budget_bytes(params, next(ctx.target.parameters()).device)
-    results = run_pool(ctx, prompts, params.n, params.alpha, MemorySchedule(budget), pool_sampler(ctx))
-    for r in results:
-        r.stats["memory_budget_bytes"] = budget
-    return results
+    return run_plan(speculative_rejection_plan(ctx, params), prompts)
