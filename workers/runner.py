@@ -80,12 +80,13 @@ def admits(config: JobConfig) -> bool:
 
 
 def feeds_across_calls(config: JobConfig) -> bool:
-    """Whether the prompts of several actor calls share one decoding loop (`workers.feed`): where they join one
-    batch (`admits`) and what a prompt gets does not depend on which prompts share its batch. Speculative
-    Rejection's memory schedule decides when the whole batch's cache is full, so there it would depend on when Ray
-    delivers the next call: its calls decode one at a time, and a run is reproduced exactly."""
+    """Whether the prompts of several actor calls share one decoding loop (`workers.feed`, or the vLLM engine's
+    loop): where they join one batch (`admits`) and what a prompt gets does not depend on which prompts share its
+    batch. Speculative Rejection's memory schedule decides when the whole batch's cache is full, so there it would
+    depend on when Ray delivers the next call: its calls decode one at a time, and a run is reproduced exactly."""
     m = config.method
-    return admits(config) and not (m.name == "speculative_rejection" and m.schedule == "memory")
+    joins = config.models.engine == "vllm" or admits(config)  # vLLM's engine takes requests while it steps
+    return joins and not (m.name == "speculative_rejection" and m.schedule == "memory")
 
 
 def concurrent_calls(config: JobConfig) -> int:
