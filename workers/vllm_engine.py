@@ -335,7 +335,10 @@ class VllmRunner(Runner):
     """`workers.runner.Runner` with the target's tokens from one vLLM engine (models.engine: vllm). The reward is
     scored as the hf engine scores it (workers.rewards); the target is never loaded into transformers."""
 
-    def __init__(self, config: JobConfig):
+    def __init__(self, config: JobConfig, make_engine=None):
+        """`make_engine(engine_kwargs, stat_loggers) -> vllm.LLMEngine` builds the engine (default:
+        `LLMEngine.from_engine_args`); bench/vllm_engine.py passes one that builds a `vllm.LLM` with the same
+        settings, to time raw `LLM.generate` and this runner on one engine."""
         problem = vllm_import_problem()
         if problem is not None:
             raise RuntimeError(f"models.engine: 'vllm' needs vLLM in the worker's environment ({problem}); install "
@@ -367,7 +370,7 @@ class VllmRunner(Runner):
         self.warp = Warp(temperature=g.temperature, top_k=g.top_k, top_p=g.top_p)
         self.kv_bytes_per_token = _kv_bytes_per_token(hf_config, self.dtype)
         self.kv_usage = 0.0  # of the engine's KV cache after the last step (its stat logger sets it)
-        self.engine = self._engine()
+        self.engine = self._engine(make_engine)
         cache = self.engine.vllm_config.cache_config
         self.block_size = int(cache.block_size)
         self.num_blocks = int(cache.num_gpu_blocks)
@@ -394,8 +397,7 @@ class VllmRunner(Runner):
             other.memory_budget_bytes // (self.kv_bytes_per_token * self.block_size)
         return other
 
-    def _engine(self):
-        from vllm import EngineArgs, LLMEngine
+    def _engine(self, make_engine=None):
 
         m = self.config.models
         cpu = self.device.type != "cuda"
@@ -434,7 +436,12 @@ class VllmRunner(Runner):
             def log_engine_initialized(self):
                 pass
 
-        engine = LLMEngine.from_engine_args(EngineArgs(**kw), stat_loggers=[KvStats])
+        if make_engine is None:
+            from vllm import EngineArgs, LLMEngine
+
+            engine = LLMEngine.from_engine_args(EngineArgs(**kw), stat_loggers=[KvStats])
+        else:
+            engine = make_engine(kw, [KvStats])
         log.info("vLLM engine for %s up in %.1f s", self.config.models.target, time.perf_counter() - t0)
         return engine
 
