@@ -73,6 +73,8 @@ def test_greedy_equals_the_hf_engine(engine, hf_greedy_rows):
     for got, want in zip(rows, hf_greedy_rows):
         same_candidates(got, want)
         assert got["best_index"] == 0 and got["best_text"] == want["best_text"]
+        assert got["stats"]["perplexity"] == pytest.approx(want["stats"]["perplexity"], rel=1e-3)
+        assert set(got["stats"]) == set(want["stats"]) and set(got["cost"]) == set(want["cost"])
         assert got["cost"]["target_forwards"] == got["candidates"][0]["num_tokens"]  # one engine step per token
     assert {r["candidates"][0]["finish_reason"] for r in rows} <= {"eos", "length"}
 
@@ -126,6 +128,7 @@ def test_rejected_requests_stop_at_their_decision_token(engine):
         assert engine_side == sorted(c["num_tokens"] for c in row["candidates"])
         # fewer tokens than Best-of-8 with the same seeds would have generated
         assert row["stats"]["finished_candidates"] < 8
+        assert row["stats"]["perplexity"] > 1
     assert rejected > 0
     assert not engine.engine.has_unfinished_requests()
     scheduler = core.engine_core.scheduler  # the in-process core's (private): every block back in the free pool

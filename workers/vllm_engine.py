@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import os
 import threading
 import time
@@ -111,7 +112,8 @@ class _Call:
     results: list[MethodResult | None] = field(default_factory=list)
     finished: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
-    memory_budget: int | None = None
+    ended: float | None = None  # when its prompts were done: the end of its cost window (perplexities come after)
+    measuring: set[int] = field(default_factory=set)  # prompts whose perplexity request runs
 
 
 class EngineLoop:
@@ -125,6 +127,7 @@ class EngineLoop:
         self.queue: list[_Call] = []
         self.calls: list[_Call] = []
         self.by_rid: dict[str, tuple[_Prompt, int]] = {}
+        self.measures: dict[str, tuple[_Call, int]] = {}  # perplexity requests: id -> (call, prompt)
         self.active = 0  # requests added and not finished or aborted
         self.failed: BaseException | None = None
         self.steps = 0
@@ -204,6 +207,9 @@ class EngineLoop:
         self.steps += 1
         fed: dict[int, tuple[_Prompt, int]] = {}  # id(prompt) -> (prompt, tokens it processed this step)
         for out in outs:
+            if out.request_id in self.measures:
+                self._measured(out)
+                continue
             hit = self.by_rid.get(out.request_id)
             if hit is None:
                 continue
@@ -321,11 +327,48 @@ class EngineLoop:
                     call.session.release([(p.g, c) for c in done])
                 p.busy += time.perf_counter() - t0
                 p.done = True
-            if all(p.done for p in call.prompts):
+            if call.ended is None and all(p.done for p in call.prompts):
+                call.ended = time.perf_counter()
                 call.results = [call.runner.result(p) for p in call.prompts]
+                self._measure(call)
+            if call.ended is not None and not call.measuring:
                 with self.cond:
                     self.calls.remove(call)
                 call.finished.set()
+
+    # -- quality measures, outside the cost window (workers.methods.measures) -------------------------------------
+    def _measure(self, call: _Call) -> None:
+        """Start one request per prompt that scores its answer's tokens (prompt logprobs at temperature 1, one
+        token generated and dropped): its perplexity, as `workers.methods.measures.perplexities` computes it."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        context = call.runner.context
+        for k, (p, res) in enumerate(zip(call.prompts, call.results)):
+            cand = res.candidates[res.best_index] if res.best_index is not None else None
+            if cand is None or not cand.tokens:
+                continue
+            ids = list(p.prompt.ids) + list(cand.tokens)
+            if context is not None and len(ids) >= context:  # no room for the one token a request generates
+                res.stats["perplexity"] = None
+                continue
+            rid = f"{call.id}:measure:{k}"
+            self.measures[rid] = (call, k)
+            call.measuring.add(k)
+            self.engine.add_request(rid, {"prompt_token_ids": ids}, SamplingParams(
+                temperature=0.0, max_tokens=1, prompt_logprobs=0, detokenize=False,
+                output_kind=RequestOutputKind.FINAL_ONLY))
+
+    def _measured(self, out) -> None:
+        if not out.finished:
+            return
+        call, k = self.measures.pop(out.request_id)
+        p, res = call.prompts[k], call.results[k]
+        start = len(p.prompt.ids)
+        chosen = list(out.prompt_token_ids)
+        logps = [out.prompt_logprobs[i][chosen[i]].logprob for i in range(start, len(chosen))]
+        res.stats["perplexity"] = math.exp(-sum(logps) / len(logps))
+        call.measuring.discard(k)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -501,7 +544,7 @@ class VllmRunner(Runner):
         call.prompts = [_Prompt(call, k, p, n) for k, (_, p) in enumerate(ready)]
         self.loop.submit(call)
         self.loop.wait(call)
-        wall = time.perf_counter() - started
+        wall = call.ended - started
         devices = self.config.resources.gpus_per_worker or 1.0
         truncated = meter.reward_inputs_truncated.tolist()
         for k, ((i, p), res, state) in enumerate(zip(ready, call.results, call.prompts)):
