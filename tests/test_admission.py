@@ -180,3 +180,30 @@ def test_a_failure_in_the_decoding_loop_fails_every_call_in_flight_and_the_next_
         runner.run(items[:2])
     assert _loop_ends(runner)
     assert comparable(runner.run(items[:2])) == comparable(want)  # a fresh pool for the next call
+
+
+def test_a_meter_over_a_window_of_prompts_charges_each_stretch_once(monkeypatch):
+    """The feed's meter: prompts numbered on (grow), the oldest forgotten (retire; their dead rows, still fed until
+    the batch compacts, charge nobody), and each stretch of time shared by the tokens caused in it (tick)."""
+    import workers.cost as cost
+
+    clock = iter([0.0, 10.0, 16.0, 20.0, 30.0])
+    monkeypatch.setattr(cost.time, "perf_counter", lambda: next(clock))
+    m = Meter(2)  # started at t = 0
+    m.count_forward("target", torch.tensor([0, 0, 1]), torch.tensor([3, 3, 2]))  # 6 and 2 tokens
+    m.tick()  # t = 10: 7.5 s and 2.5 s
+    m.grow(3)
+    m.count_forward("target", torch.tensor([1, 2]), torch.tensor([1, 1]))
+    m.count_forward("reward", torch.tensor([2]), torch.tensor([2]))  # scoring counts as work too
+    m.tick()  # t = 16: 6 s, 1/4 to prompt 1, 3/4 to prompt 2
+    costs = m.per_prompt(2.0, [0, 1], wall=5.0)
+    assert [c["device_seconds"] for c in costs] == [pytest.approx(15.0), pytest.approx(2 * (2.5 + 1.5))]
+    assert [c["target_tokens"] for c in costs] == [6, 3] and costs[0]["wall_seconds"] == 5.0
+    m.retire(2)  # prompts 0 and 1 are written
+    assert (m.base, m.num_prompts) == (2, 1)
+    m.count_forward("target", torch.tensor([0, 1, 2]), torch.tensor([1, 1, 1]))  # rows of retired prompts: not charged
+    m.count_truncated(torch.tensor([1, 2]))
+    m.pause()  # t = 20: 4 s to prompt 2; the next stretch starts now
+    (c,) = m.per_prompt(1.0, [2], wall=1.0)
+    assert (c["target_tokens"], c["reward_tokens"], c["target_forwards"]) == (2, 2, 2)
+    assert c["device_seconds"] == pytest.approx(4.5 + 4.0) and int(m.reward_inputs_truncated[0]) == 1

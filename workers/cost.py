@@ -32,19 +32,27 @@ class Meter:
         self.seconds: torch.Tensor | None = None  # [num_prompts] float64 once `tick` charges time
         self._charged: torch.Tensor | None = None  # tokens of every role at the last tick
 
-    def _index(self, group: torch.Tensor) -> torch.Tensor:
+    def _index(self, group: torch.Tensor, values: torch.Tensor | None = None):
+        """Window positions of prompts `group` (and their `values`), without retired prompts: a retired prompt's
+        finished sequences may still be fed until their batch compacts, and nobody is charged for them."""
         g = group.cpu()
-        return g - self.base if self.base else g
+        if not self.base:
+            return g, values
+        g = g - self.base
+        keep = g >= 0
+        if bool(keep.all()):
+            return g, values
+        return g[keep], (values.cpu()[keep] if values is not None else None)
 
     def count_forward(self, role: str, group: torch.Tensor, new_tokens: torch.Tensor) -> None:
         """One forward over sequences of prompts `group` [B] that processed `new_tokens` [B] real tokens each."""
-        g = self._index(group)
+        g, new_tokens = self._index(group, new_tokens)
         self.tokens[role] += torch.bincount(g, weights=new_tokens.cpu().double(), minlength=self.num_prompts).long()
         self.forwards[role] += (torch.bincount(g, minlength=self.num_prompts) > 0).long()
 
     def count_truncated(self, group: torch.Tensor) -> None:
         """Reward inputs of prompts `group` [B] (one entry per input) that were cut to the reward model's context."""
-        self.reward_inputs_truncated += torch.bincount(self._index(group), minlength=self.num_prompts)
+        self.reward_inputs_truncated += torch.bincount(self._index(group)[0], minlength=self.num_prompts)
 
     # -- a window of prompts over a decoding loop ---------------------------------------------------------------
     def _all_tokens(self) -> torch.Tensor:
