@@ -35,9 +35,9 @@ import ray
 import ray.data
 from ray.data.checkpoint import CheckpointConfig
 
+from pipeline.faults import INFLIGHT
 from pipeline.preflight import model_problems, resolved, working_dir_problems
 from pipeline.prompts import write_prompts
-from pipeline.faults import INFLIGHT
 from pipeline.raydata import data_context, short_error
 from runfolder.folder import (
     RunFolder,
@@ -53,6 +53,7 @@ from runfolder.manifest import finish_manifest, new_manifest
 from schemas.base import InputError
 from schemas.config import JobConfig, validate_config
 from schemas.rows import error_row, rows_to_table
+from workers.calls import concurrent_calls
 
 
 @dataclass
@@ -218,8 +219,6 @@ def run(config: JobConfig, folder: RunFolder) -> None:
 def actor_pool(config: JobConfig) -> ray.data.ActorPoolStrategy:
     """`resources.workers` actors; each runs two batches at once where their prompts feed one decoding loop
     (`workers.feed`: the next batch's prompts take the places of rows that finish early), one otherwise."""
-    from workers.runner import concurrent_calls
-
     calls = concurrent_calls(config)
     if calls == 1:
         return ray.data.ActorPoolStrategy(size=config.resources.workers)

@@ -2,7 +2,7 @@
 
 Ray Data hands an actor a batch of prompts per call (`resources.prompts_per_batch`). Decoding each call on its own
 leaves the batch to drain: its last rows run alone while the next call's prompts wait in Ray's queue. Instead, the
-actor takes up to two calls at once (`concurrent_calls`, Ray Data's `max_concurrent_calls_per_actor`), and both
+actor takes up to two calls at once (`workers.calls`, Ray Data's `max_concurrent_calls_per_actor`), and both
 feed one candidate pool (`workers.methods.rejection`) that a single thread decodes: a call's prompts wait in the
 pool, start as memory frees (`Admission`, the same budget and per-prompt need as within one call), and leave it as
 soon as each has every candidate ended and scored. A call returns its rows when its last prompt is done, so Ray
@@ -32,8 +32,6 @@ from workers.cost import Meter
 from workers.methods import POOL_PLANS
 from workers.methods.common import PromptInput
 from workers.methods.rejection import Admission, add_prompts, complete_prompts, open_pool, pool_step
-
-CONCURRENT_CALLS = 2  # actor calls one loop takes at once: the one draining and the next one
 
 
 @dataclass

@@ -17,9 +17,10 @@ import torch
 
 from schemas.config import JobConfig
 from schemas.rows import error_row, prompt_problem
+from workers.calls import admits, feeds_across_calls
 from workers.cost import Meter
 from workers.engine import kv_bytes_per_token
-from workers.feed import CONCURRENT_CALLS, DecodeLoop
+from workers.feed import DecodeLoop
 from workers.kvcache import storage_columns
 from workers.loading import context_length, load_causal_lm, load_reward_model, pick_device
 from workers.memory import free_memory_bytes
@@ -69,30 +70,6 @@ def batch_memory_need(rows: int, prompt_tokens: int, new_tokens: int, kv_bytes_p
     else:
         kv_columns = rows * storage_columns(length)
     return kv_columns * kv_bytes_per_token + rows * (8 * length + 3 * 4 * vocab)
-
-
-def admits(config: JobConfig) -> bool:
-    """Whether `config`'s prompts join one decoding batch as room frees (continuous batching, `workers.feed`): the
-    candidate-pool methods with the target-only sampler."""
-    name = config.method.name
-    return name in ("greedy", "nucleus") or (
-        name in ("best_of_n", "speculative_rejection") and config.generation.sampler == "target")
-
-
-def feeds_across_calls(config: JobConfig) -> bool:
-    """Whether the prompts of several actor calls share one decoding loop (`workers.feed`, or the vLLM engine's
-    loop): where they join one batch (`admits`) and what a prompt gets does not depend on which prompts share its
-    batch. Speculative Rejection's memory schedule decides when the whole batch's cache is full, so there it would
-    depend on when Ray delivers the next call: its calls decode one at a time, and a run is reproduced exactly."""
-    m = config.method
-    joins = config.models.engine == "vllm" or admits(config)  # vLLM's engine takes requests while it steps
-    return joins and not (m.name == "speculative_rejection" and m.schedule == "memory")
-
-
-def concurrent_calls(config: JobConfig) -> int:
-    """Actor calls (Ray Data batches) one actor should run at once: two where their prompts feed one decoding loop
-    (the next batch's prompts take the places of rows that finish early), else one."""
-    return CONCURRENT_CALLS if feeds_across_calls(config) else 1
 
 
 class Runner:
