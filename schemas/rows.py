@@ -118,8 +118,10 @@ COLUMN_MEANINGS: dict[str, str] = {
     "cost.target_forwards": "batched target forward calls that included this prompt",
     "cost.draft_forwards": "batched draft forward calls that included this prompt",
     "cost.reward_forwards": "batched reward-model forward calls that included this prompt",
-    "cost.wall_seconds": "wall time of the prompt's batch",
-    "cost.device_seconds": "the prompt's share of the batch's device time (GPUs held, or 1 on CPU, x wall time)",
+    "cost.wall_seconds": "wall time of the prompt's batch (the actor call, from its start to its rows)",
+    "cost.device_seconds": "the prompt's share of its actor's device time (GPUs held, or 1 on CPU, x wall time): each "
+    "stretch of decoding is shared among the prompts by the tokens they caused in it, so an actor's prompts sum to "
+    "its busy time however its calls overlapped",
     "stats": "per-method measures (below); a field a method does not measure is null",
     "error": "why the prompt could not run (an error row has no candidates), or null",
     "run_name": "the run's `name`, so rows pooled from several runs say which run they came from (null in runs "
