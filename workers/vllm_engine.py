@@ -21,10 +21,12 @@ the decisions and keeps generating for rejected candidates.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import math
 import os
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -73,6 +75,35 @@ def vllm_import_problem() -> str | None:
     except Exception as err:  # noqa: BLE001 - any import failure is reported with its message
         return f"{type(err).__name__}: {err}"
     return None
+
+
+def unscannable_modules() -> list[str]:
+    """Names of loaded modules holding a value that raises on `hasattr(value, "__dict__")` with an error other
+    than AttributeError, e.g. an unbound werkzeug LocalProxy (`flask.request`, imported by moto's server): vLLM's
+    CPU worker scans every module's namespace that way at start-up (`triton_utils.dispatcher._rebind_kernels`)
+    and fails on them ("Working outside of application context")."""
+    out = []
+    for name, module in list(sys.modules.items()):
+        namespace = getattr(module, "__dict__", None)
+        if not namespace:
+            continue
+        for value in list(namespace.values()):
+            try:
+                hasattr(value, "__dict__")
+            except Exception:  # noqa: BLE001 - what vLLM's scan would trip on
+                out.append(name)
+                break
+    return out
+
+
+@contextlib.contextmanager
+def modules_hidden(names: list[str]):
+    """Take modules out of sys.modules for the duration (vLLM's start-up scan), and put them back."""
+    held = {n: sys.modules.pop(n) for n in names if n in sys.modules}
+    try:
+        yield
+    finally:
+        sys.modules.update(held)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -274,10 +305,10 @@ class EngineLoop:
             self.armed = True
 
     def _blocks_next_step(self, p: _Prompt) -> int:
-        """KV blocks the prompt's running candidates add with the next token (one per candidate whose blocks are
-        full)."""
+        """KV blocks the prompt's running candidates add with the next step: one for each candidate whose cached
+        tokens (the prompt and its response but the last token, which the next step feeds) fill whole blocks."""
         b = self.r.block_size
-        return sum((len(p.prompt.ids) + len(p.tokens[c])) % b == 0 for c in p.running)
+        return sum((len(p.prompt.ids) + len(p.tokens[c]) - 1) % b == 0 for c in p.running)
 
     def _reject(self, p: _Prompt, alpha: float) -> int:
         """One rejection round for prompt p (workers.methods.rejection.decide): returns how many it rejected."""
@@ -479,12 +510,13 @@ class VllmRunner(Runner):
             def log_engine_initialized(self):
                 pass
 
-        if make_engine is None:
-            from vllm import EngineArgs, LLMEngine
+        with modules_hidden(unscannable_modules()):
+            if make_engine is None:
+                from vllm import EngineArgs, LLMEngine
 
-            engine = LLMEngine.from_engine_args(EngineArgs(**kw), stat_loggers=[KvStats])
-        else:
-            engine = make_engine(kw, [KvStats])
+                engine = LLMEngine.from_engine_args(EngineArgs(**kw), stat_loggers=[KvStats])
+            else:
+                engine = make_engine(kw, [KvStats])
         log.info("vLLM engine for %s up in %.1f s", self.config.models.target, time.perf_counter() - t0)
         return engine
 
