@@ -41,7 +41,7 @@ from conftest import ROOT, job_config, write_config
 from pipeline import faults
 from runfolder.folder import RunFolder
 
-PROMPTS = 12
+PROMPTS = 24  # an actor runs two batches at once (workers.feed): enough batches start after the first commit
 # Slow enough that a batch is still running when the test, polling every 20 ms, sees its record and kills (a batch of
 # 2 prompts takes 0.5-1 s on one core, two batches decoding at once: workers.feed), small enough for the file to
 # run in a few minutes on 2 cores.
