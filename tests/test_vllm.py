@@ -14,6 +14,7 @@ import threading
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import pytest
+import torch
 from conftest import job_config, write_config
 from trio_helpers import config, demo_items
 
@@ -51,6 +52,9 @@ def hf_greedy_rows():
 
 @pytest.fixture(scope="module")
 def engine(hf_greedy_rows):
+    # with this process's threads set to one (as tests before this module leave them, e.g. the benches'), the
+    # engine must still run: its loop thread builds it, so the attention kernels see the threads it was built with
+    torch.set_num_threads(1)
     return VllmRunner(vconfig(method=SR))
 
 

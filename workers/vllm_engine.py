@@ -148,12 +148,15 @@ class _Call:
 
 
 class EngineLoop:
-    """Steps one vLLM engine for every call in flight, from one thread; `submit(call)` queues a call and
-    `wait(call)` returns once its prompts are done (or raises the loop's error)."""
+    """Builds one vLLM engine and steps it for every call in flight, from one thread; `submit(call)` queues a call
+    and `wait(call)` returns once its prompts are done (or raises the loop's error). The engine is built in the
+    thread that steps it: vLLM's CPU worker sets the OpenMP threads of the thread that builds it, and its attention
+    kernels check that the thread that runs them has as many ("thread_num == thread_num (2 vs. 1)" otherwise, where
+    the process's threads had been set to one before)."""
 
-    def __init__(self, runner: "VllmRunner"):
+    def __init__(self, runner: "VllmRunner", make_engine=None):
         self.r = runner
-        self.engine = runner.engine
+        self.engine = None
         self.cond = threading.Condition()
         self.queue: list[_Call] = []
         self.calls: list[_Call] = []
@@ -165,8 +168,12 @@ class EngineLoop:
         self.armed = True  # memory schedule (workers.methods.rejection.MemorySchedule's rule)
         self.lock = threading.Lock()  # held by the loop while it decodes (reward inputs, results) and by run() while
         # it encodes prompts: a fast tokenizer may not be used from two threads at once
-        self.thread = threading.Thread(target=self._main, name="winnow-vllm-loop", daemon=True)
+        self.thread = threading.Thread(target=self._main, args=(make_engine,), name="winnow-vllm-loop", daemon=True)
+        self.started = threading.Event()
         self.thread.start()
+        self.started.wait()
+        if self.failed is not None:
+            raise self.failed
 
     def submit(self, call: _Call) -> None:
         with self.cond:
@@ -181,7 +188,14 @@ class EngineLoop:
             raise RuntimeError(f"the vLLM engine failed: {call.error!r}") from call.error
 
     # -- the loop ------------------------------------------------------------------------------------------------
-    def _main(self) -> None:
+    def _main(self, make_engine) -> None:
+        try:
+            self.engine = self.r._engine(make_engine)
+        except BaseException as err:  # noqa: BLE001 - raised in the constructor's thread
+            self.failed = err
+            self.started.set()
+            return
+        self.started.set()
         try:
             with torch.inference_mode():
                 while True:
@@ -444,7 +458,9 @@ class VllmRunner(Runner):
         self.warp = Warp(temperature=g.temperature, top_k=g.top_k, top_p=g.top_p)
         self.kv_bytes_per_token = _kv_bytes_per_token(hf_config, self.dtype)
         self.kv_usage = 0.0  # of the engine's KV cache after the last step (its stat logger sets it)
-        self.engine = self._engine(make_engine)
+        self._ids = itertools.count()
+        self.loop = EngineLoop(self, make_engine)  # builds the engine in its own thread
+        self.engine = self.loop.engine
         cache = self.engine.vllm_config.cache_config
         self.block_size = int(cache.block_size)
         self.num_blocks = int(cache.num_gpu_blocks)
@@ -453,8 +469,6 @@ class VllmRunner(Runner):
         block_bytes = self.kv_bytes_per_token * self.block_size
         self.memory_budget_blocks = None if self.memory_budget_bytes is None else \
             self.memory_budget_bytes // block_bytes
-        self._ids = itertools.count()
-        self.loop = EngineLoop(self)
 
     def sharing_engine(self, config: JobConfig) -> "VllmRunner":
         """A runner for `config` (another method, generation settings or seed) on this runner's engine, loop and
