@@ -92,6 +92,9 @@ def test_speculative_rejection_with_alpha_0_is_best_of_n(engine):
         same_candidates(a, b)
         assert a["stats"]["rejection_rounds"] >= 1 and b["stats"]["rejection_rounds"] == 0
         assert a["stats"]["generated_tokens"] == b["stats"]["generated_tokens"]
+        # Best-of-N reads its requests' outputs once they finish, SR at every step: the same tokens counted
+        assert a["cost"]["target_tokens"] == b["cost"]["target_tokens"]
+        assert a["cost"]["target_tokens"] == a["stats"]["generated_tokens"] + 8 * a["stats"]["prompt_tokens"]
         assert len({c["text"] for c in b["candidates"]}) > 1  # the candidates are sampled, not all one
     # a candidate's seed depends on the job seed, the prompt and its index only: another seed, other candidates
     other = runner(engine, method={"name": "best_of_n", "n": 8}, seed=1).run(items[:1])

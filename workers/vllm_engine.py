@@ -125,6 +125,9 @@ class _Prompt:
     unscored: list[int] = field(default_factory=list)  # finished since the last decision
     last_decision: int = 0  # longest response at the last fixed-schedule decision
     busy: float = 0.0  # engine and scoring seconds charged to this prompt
+    target_tokens: int = 0  # prompt tokens the engine computed (prefix-cache hits not) + tokens sampled
+    forwards: int = 0  # engine steps while it had requests in the engine
+    stepped: bool = False  # had its first (prefill) step
     done: bool = False
 
     def rid(self, c: int) -> str:
@@ -246,11 +249,13 @@ class EngineLoop:
     def _step(self) -> None:
         if not self.engine.has_unfinished_requests():
             return
+        # the step's work per prompt with requests in it: its prompt tokens at its first step, a token a request after
+        live = [(p, len(p.running) * (1 if p.stepped else len(p.prompt.ids)))
+                for call in self.calls for p in call.prompts if p.running]
         t0 = time.perf_counter()
         outs = self.engine.step()
         dt = time.perf_counter() - t0
         self.steps += 1
-        fed: dict[int, tuple[_Prompt, int]] = {}  # id(prompt) -> (prompt, tokens it processed this step)
         for out in outs:
             if out.request_id in self.measures:
                 self._measured(out)
@@ -260,25 +265,22 @@ class EngineLoop:
                 continue
             p, c = hit
             o = out.outputs[0]
-            new = list(o.token_ids)
-            processed = len(new)
+            new = o.token_ids  # DELTA (Speculative Rejection): this step's; FINAL_ONLY: all, once finished
             if c not in p.started:
                 p.started.add(c)
-                processed += len(p.prompt.ids) - int(out.num_cached_tokens or 0)
+                p.target_tokens += len(p.prompt.ids) - int(out.num_cached_tokens or 0)
+            p.target_tokens += len(new)
             p.tokens[c].extend(new)
-            prev = fed.get(id(p), (p, 0))[1]
-            fed[id(p)] = (p, prev + processed)
             if out.finished:
                 if o.finish_reason not in ("stop", "length"):
                     raise RuntimeError(f"vLLM ended request {out.request_id} with finish reason {o.finish_reason!r}")
                 self._end(p, c, Candidate(p.tokens[c], p.call.ctx.finish_reason(p.tokens[c])))
                 p.unscored.append(c)
-        total = sum(t for _, t in fed.values())
-        for p, t in fed.values():
-            meter = p.call.ctx.meter
-            meter.tokens["target"][p.g] += t
-            meter.forwards["target"][p.g] += 1
-            p.busy += dt * t / total if total else dt / len(fed)
+        total = sum(w for _, w in live)
+        for p, w in live:
+            p.forwards += 1
+            p.stepped = True
+            p.busy += dt * w / total
 
     def _end(self, p: _Prompt, c: int, cand: Candidate) -> None:
         p.cands[c] = cand
@@ -564,7 +566,10 @@ class VllmRunner(Runner):
             top_p = self.config.method.top_p
         return SamplingParams(
             temperature=temperature, top_p=top_p, top_k=g.top_k if g.top_k > 0 else 0, max_tokens=prompt.limit,
-            stop_token_ids=list(self.eos_ids), output_kind=RequestOutputKind.DELTA, detokenize=False,
+            stop_token_ids=list(self.eos_ids), detokenize=False,
+            # Speculative Rejection reads the tokens at every step; the others only once a candidate is done (as
+            # LLM.generate does), which spares the engine an output object per request and step
+            output_kind=RequestOutputKind.DELTA if name == "speculative_rejection" else RequestOutputKind.FINAL_ONLY,
             seed=candidate_seed(self.config.seed, prompt.key, index) if temperature > 0 else None,
         )
 
@@ -608,10 +613,10 @@ class VllmRunner(Runner):
                 "best_text": cand.text if cand else None,
                 "best_reward": cand.reward if cand else None,
                 "cost": {
-                    "target_tokens": int(meter.tokens["target"][k]),
+                    "target_tokens": state.target_tokens,
                     "draft_tokens": 0,
                     "reward_tokens": int(meter.tokens["reward"][k]),
-                    "target_forwards": int(meter.forwards["target"][k]),
+                    "target_forwards": state.forwards,
                     "draft_forwards": 0,
                     "reward_forwards": int(meter.forwards["reward"][k]),
                     "wall_seconds": wall,
