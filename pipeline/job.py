@@ -256,8 +256,12 @@ class GenerateBatch:
         self.method = self.config.method.name
         reward = self.config.models.reward
         self.with_concepts = reward is not None and reward.kind == "lexical"
-        self.runner = Runner(self.config) if self.config.models.engine == "hf" else \
-            __import__("workers.vllm_engine", fromlist=["VllmRunner"]).VllmRunner(self.config)
+        if self.config.models.engine == "vllm":  # vLLM is imported only where it runs
+            from workers.vllm_engine import VllmRunner
+
+            self.runner = VllmRunner(self.config)
+        else:
+            self.runner = Runner(self.config)
         self.inflight = BatchRecorder.for_this_actor(self.config.output.path)
 
     def __call__(self, batch: pa.Table) -> pa.Table:

@@ -76,7 +76,7 @@ def build_report(runs: list[Run], base_index: int) -> dict:
     for label, run, fr in zip(labels, runs, per_run):
         entries.append({
             "label": label, "name": run.name, "path": run.uri, "method": run.method,
-            "config_hash": run.manifest.config_hash, "status": run.status,
+            "engine": run.engine, "config_hash": run.manifest.config_hash, "status": run.status,
             **run_summary(run),
             "frontier": fr,
             "vs_baseline": compare(run, base),
@@ -193,15 +193,15 @@ def render_markdown(report: dict, plots: dict[str, str]) -> str:
         lines += ["", "Note: the runs were matched with the baseline on different numbers of prompts (errors or "
                   "missing prompts), so their rows above average over different prompt sets."]
     lines += ["", "## Runs", "",
-              "| run | method | status | prompts | errors | mean best reward [95% interval] (std) | "
+              "| run | method | engine | status | prompts | errors | mean best reward [95% interval] (std) | "
               "generated tokens / prompt | target tokens / prompt | draft tokens / prompt | device-s / prompt | "
               "USD / device-hour | USD / prompt | USD total | USD / unit reward (raw) |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for label, e in runs.items():
         ci = e["mean_best_reward_interval"]
         ci = "" if ci is None else f" [{_f(ci[0], 3)}, {_f(ci[1], 3)}]"
         lines.append(
-            f"| {label} | {e['method']} | {e['status']} | {e['prompts']} | {e['errors']} | "
+            f"| {label} | {e['method']} | {e['engine']} | {e['status']} | {e['prompts']} | {e['errors']} | "
             f"{_f(e['mean_best_reward'])}{ci} ({_f(e['best_reward']['std'], 3)}) | "
             f"{_f(e['generated_tokens_per_prompt'])} | {_f(e['target_tokens_per_prompt'])} | "
             f"{_f(e['draft_tokens_per_prompt'])} | {_f(e['device_seconds_per_prompt'])} | "

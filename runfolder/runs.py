@@ -50,6 +50,11 @@ class Run:
         return self.manifest.config["method"]["name"]
 
     @property
+    def engine(self) -> str:
+        """What generated the target's tokens: `hf` or `vllm` (models.engine; runs from before it existed: hf)."""
+        return self.manifest.config["models"].get("engine", "hf")
+
+    @property
     def usd_per_device_hour(self) -> float:
         return float(self.manifest.config["cost"]["usd_per_device_hour"])
 

@@ -58,9 +58,10 @@ def err_row(pid: str, method: str = "best_of_n") -> dict:
 
 def write_run(uri: str, rows: list[dict], name: str = "run", method: str = "best_of_n",
               usd_per_device_hour: float = 2.0, files: int = 2, method_params: dict | None = None,
-              reward: dict | None = None) -> str:
+              reward: dict | None = None, engine: str | None = None) -> str:
     """Write a run folder at `uri` (rows split over `files` Parquet files) and return `uri`; `reward` is the
-    manifest's config.models.reward (default: a model reward at path `rm`)."""
+    manifest's config.models.reward (default: a model reward at path `rm`), `engine` its models.engine (default:
+    none, as in a run from before the field existed)."""
     fs, path = fsspec.core.url_to_fs(uri)
     fs.makedirs(posixpath.join(path, "candidates"), exist_ok=True)
     chunks = [rows[i::files] for i in range(files)] if rows else []
@@ -72,6 +73,8 @@ def write_run(uri: str, rows: list[dict], name: str = "run", method: str = "best
     config = {"name": name, "method": {"name": method, **(method_params or {})},
               "cost": {"usd_per_device_hour": usd_per_device_hour}, "output": {"path": uri},
               "models": {"target": "builtin:tiny-target", "reward": reward or {"kind": "model", "path": "rm"}}}
+    if engine is not None:
+        config["models"]["engine"] = engine
     manifest = Manifest(
         name=name, config=config, config_hash=f"hash-{name}", winnow_version="0.1.0",
         status="succeeded", started_at="2026-01-01T00:00:00Z", finished_at="2026-01-01T01:00:00Z",

@@ -497,3 +497,17 @@ def test_other_plots_have_a_legend_entry_for_every_mark(frontier_report):
                                               "best_reward_per_prompt_by_run.png"}
     for name in report["plots"].values():
         _check_png((out / name).read_bytes())
+
+
+def test_the_report_shows_each_runs_engine_side_by_side(tmp_path):
+    rows = [row(f"p{i}", [cand("a", float(i)), cand("b", 1.0)]) for i in range(3)]
+    old = write_run(str(tmp_path / "old"), rows, name="old")  # a run from before models.engine: hf
+    hf = write_run(str(tmp_path / "hf"), rows, name="hf", engine="hf")
+    vllm = write_run(str(tmp_path / "vllm"), rows, name="vllm", engine="vllm")
+    out = tmp_path / "out"
+    assert main([old, hf, vllm, "--out", str(out)]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert [(e["label"], e["engine"]) for e in report["runs"]] == [("old", "hf"), ("hf", "hf"), ("vllm", "vllm")]
+    md = (out / "report.md").read_text()
+    assert "| run | method | engine | status |" in md
+    assert "| hf | best_of_n | hf | succeeded |" in md and "| vllm | best_of_n | vllm | succeeded |" in md
