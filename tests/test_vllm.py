@@ -15,7 +15,7 @@ import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import pytest
 import torch
-from conftest import job_config, write_config
+from conftest import ROOT, job_config, winnow, write_config
 from trio_helpers import config, demo_items
 
 try:
@@ -235,3 +235,57 @@ def test_modules_that_vllms_start_up_scan_trips_on_are_hidden_while_it_runs():
         assert sys.modules[mod.__name__] is mod
     finally:
         del sys.modules[mod.__name__]
+
+
+@pytest.mark.slow
+def test_a_run_killed_mid_way_resumes_and_writes_each_prompt_exactly_once(tmp_path):
+    """`winnow generate` with engine vllm killed with SIGKILL (driver, its local Ray, the actor and its engine) once
+    a batch has committed; the rerun resumes and writes every prompt exactly once."""
+    import collections
+    import json
+    import signal
+    import subprocess
+    import time
+
+    import assets
+
+    run = tmp_path / "run"
+    cfg = write_config(tmp_path / "job.yaml", job_config(
+        tmp_path, models={"target": "builtin:tiny-target", "reward": {"kind": "model", "path": "builtin:tiny-reward"},
+                          **MODELS},
+        method={"name": "best_of_n", "n": 32}, generation={"max_new_tokens": 64}, data={"limit": None},
+        resources={"workers": 1, "prompts_per_batch": 1}))
+    ckpt = run / "_checkpoint"
+
+    def committed() -> int:
+        return len([p for p in ckpt.glob("*.parquet") if not p.name.endswith(".pending.parquet")]) \
+            if ckpt.exists() else 0
+
+    with open(tmp_path / "first.log", "w") as log:
+        first = subprocess.Popen([sys.executable, "-m", "jobs.generate", str(cfg)], cwd=ROOT, stdout=log,
+                                 stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 400
+            while committed() == 0 and first.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            os.kill(first.pid, signal.SIGKILL)
+            assert first.wait(30) == -signal.SIGKILL
+        finally:
+            time.sleep(2)
+            try:  # the Ray processes the killed driver started, its actor and engine with them
+                os.killpg(first.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    prompts = [p["prompt_id"] for p in assets.demo_prompts(0, None)]
+    written = len({r["prompt_id"] for r in pads.dataset(str(run / "candidates")).to_table().to_pylist()})
+    assert 0 < written < len(prompts), f"the kill should land mid-run; {written} rows were written"
+    assert json.loads((run / "manifest.json").read_text())["status"] == "running"
+
+    second = winnow("generate", str(cfg))
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert f"{written} already written" in second.stdout
+    rows = pads.dataset(str(run / "candidates")).to_table().to_pylist()
+    assert collections.Counter(r["prompt_id"] for r in rows) == collections.Counter(prompts)  # exactly once
+    assert all(r["error"] is None and len(r["candidates"]) == 32 for r in rows)
+    m = json.loads((run / "manifest.json").read_text())
+    assert (m["status"], m["rows"], m["prompts"]) == ("succeeded", len(prompts), len(prompts))
