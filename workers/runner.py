@@ -265,20 +265,25 @@ class Runner:
         after the costs were taken: not billed) and `truncated`, its reward inputs cut to the reward model's
         context."""
         add_measures(ctx, [p for _, p in ready], results)
-        with_truncated = isinstance(self.reward, RewardModelScorer)  # only a reward model has a context to cut to
         for (i, p), res, cost, cut in zip(ready, results, costs, truncated):
-            best = res.best_index
-            cand = res.candidates[best] if best is not None else None
-            out[i] = {
-                "prompt_id": p.prompt_id,
-                "prompt": p.messages,
-                "method": self.config.method.name,
-                "candidates": [c.struct() for c in res.candidates],
-                "best_index": best,
-                "best_text": cand.text if cand else None,
-                "best_reward": cand.reward if cand else None,
-                "cost": cost,
-                "stats": {"prompt_tokens": len(p.ids), **res.stats,
-                          **({"reward_inputs_truncated": cut} if with_truncated else {})},
-                "error": None,
-            }
+            out[i] = self.row(p, res, cost, cut)
+
+    def row(self, p: PromptInput, res, cost: dict, truncated: int) -> dict:
+        """Prompt p's output row (schemas.rows.ROW_SCHEMA) from its method result and its cost struct; `truncated`:
+        its reward inputs cut to the reward model's context (a stat only where a reward model has a context)."""
+        best = res.best_index
+        cand = res.candidates[best] if best is not None else None
+        with_truncated = isinstance(self.reward, RewardModelScorer)
+        return {
+            "prompt_id": p.prompt_id,
+            "prompt": p.messages,
+            "method": self.config.method.name,
+            "candidates": [c.struct() for c in res.candidates],
+            "best_index": best,
+            "best_text": cand.text if cand else None,
+            "best_reward": cand.reward if cand else None,
+            "cost": cost,
+            "stats": {"prompt_tokens": len(p.ids), **res.stats,
+                      **({"reward_inputs_truncated": truncated} if with_truncated else {})},
+            "error": None,
+        }

@@ -49,7 +49,6 @@ from workers.loading import (
 from workers.methods.common import Candidate, Context, MethodResult, PoolSampler, PromptInput, best_of, reward_stats
 from workers.methods.measures import constraint_stats
 from workers.methods.rejection import rejection_cut
-from workers.rewards import RewardModelScorer
 from workers.runner import Runner, eos_token_ids
 from workers.sampling import Warp
 
@@ -603,28 +602,17 @@ class VllmRunner(Runner):
             cand = res.candidates[best] if best is not None else None
             if cand is not None:
                 res.stats.update(constraint_stats(cand.text, p.concepts))
-            extra = {"reward_inputs_truncated": truncated[k]} if isinstance(self.reward, RewardModelScorer) else {}
-            out[i] = {
-                "prompt_id": p.prompt_id,
-                "prompt": p.messages,
-                "method": self.config.method.name,
-                "candidates": [c.struct() for c in res.candidates],
-                "best_index": best,
-                "best_text": cand.text if cand else None,
-                "best_reward": cand.reward if cand else None,
-                "cost": {
-                    "target_tokens": state.target_tokens,
-                    "draft_tokens": 0,
-                    "reward_tokens": int(meter.tokens["reward"][k]),
-                    "target_forwards": state.forwards,
-                    "draft_forwards": 0,
-                    "reward_forwards": int(meter.forwards["reward"][k]),
-                    "wall_seconds": wall,
-                    "device_seconds": state.busy * devices,
-                },
-                "stats": {"prompt_tokens": len(p.ids), **res.stats, **extra},
-                "error": None,
+            cost = {
+                "target_tokens": state.target_tokens,
+                "draft_tokens": 0,
+                "reward_tokens": int(meter.tokens["reward"][k]),
+                "target_forwards": state.forwards,
+                "draft_forwards": 0,
+                "reward_forwards": int(meter.forwards["reward"][k]),
+                "wall_seconds": wall,
+                "device_seconds": state.busy * devices,
             }
+            out[i] = self.row(p, res, cost, truncated[k])
         return out
 
     def result(self, p: _Prompt) -> MethodResult:
