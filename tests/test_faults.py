@@ -24,6 +24,7 @@ import json
 import math
 import os
 import queue
+import re
 import shutil
 import signal
 import subprocess
@@ -198,15 +199,20 @@ def assert_names_the_dead_actor(error: str, rec: dict) -> None:
     assert f"{rec['first']}..{rec['last']} ({rec['prompts']} prompt{plural})" in error, error
 
 
-def assert_names_an_actor_lost_with_its_node(error: str, rec: dict) -> None:
+def assert_names_an_actor_lost_with_its_node(error: str, rec: dict, run: Path) -> None:
     """After a node loss, the actor Ray Data reports may be the one that was running `rec`'s batch, or another of
     the lost node's actors (or one Ray restarted there) that was between batches: which one wins the race depends
-    on when Ray declares the node dead. Either way the line names an actor and what happened to it, and the batch
-    only when a record proves it (a named batch is then `rec`'s), else it says the batch cannot be named."""
+    on when Ray declares the node dead. Either way the line names an actor and what happened to it, and batches
+    only where records prove them: then the actor is `rec`'s and each named batch is one it left in `_inflight/`
+    when its node died (`rec`'s, or, as a node takes a while to die and the actor runs two batches at once, one it
+    started after `rec`'s ended), else it says the batch cannot be named."""
     assert error.startswith("actor "), error
     assert " became unreachable (" in error or " died (" in error, error
     if "while running the batch of prompts" in error or "while running the batches of prompts" in error:
-        assert f"actor {rec['actor_id']} " in error and f"{rec['first']}..{rec['last']}" in error, error
+        assert f"actor {rec['actor_id']} " in error, error
+        named = re.findall(r"(\S+\.\.\S+) \(", error.split(" of prompts ", 1)[1])
+        left = {f"{r['first']}..{r['last']}" for r in records(run) if r.get("actor_id") == rec["actor_id"]}
+        assert named and set(named) <= left, (named, left, error)
     else:
         assert "while running a batch that cannot be named" in error, error
 
@@ -486,7 +492,7 @@ def test_node_lost_mid_batch_recovers_or_fails_loudly_then_the_rerun_completes(t
             outcome = "failed loudly, then the rerun completed"
             assert status == 1, job.stderr[-3000:]
             assert m["status"] == "failed"
-            assert_names_an_actor_lost_with_its_node(m["error"], rec)
+            assert_names_an_actor_lost_with_its_node(m["error"], rec, run)
             assert f"winnow generate: the job failed: {m['error']}\n" in job.stderr
             again = run_to_end(cfg, env, "second")
             assert again.proc.returncode == 0, again.stderr[-3000:]
