@@ -38,7 +38,7 @@ from dataclasses import replace
 import torch
 
 from assets import demo_prompts
-from bench.common import table
+from bench.common import BASE, table
 from pipeline.preflight import resolved
 from reporting.stats import improvement_score
 from schemas.config import validate_config
@@ -46,16 +46,6 @@ from workers.cost import Meter
 from workers.engine import kv_bytes_per_token, left_pad
 from workers.methods.rejection import best_of_n, speculative_rejection
 from workers.runner import Runner
-
-BASE = {
-    "name": "bench",
-    "seed": 0,
-    "data": {"source": "builtin:demo-prompts", "prompt_column": "prompt", "id_column": "id"},
-    "models": {"target": "builtin:tiny-target", "reward": {"kind": "lexical"}},
-    "method": {"name": "best_of_n", "n": 16},
-    "generation": {"max_new_tokens": 48, "temperature": 1.0, "top_k": 0, "top_p": 1.0},
-    "output": {"path": "runs/bench"},
-}
 
 
 def chunks(items: list, size: int) -> list[list]:

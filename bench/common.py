@@ -1,6 +1,17 @@
-"""Formatting shared by the benches: Markdown tables of figures."""
+"""What the benches share: the base job config of the tiny-trio benches, and Markdown tables of figures."""
 
 from __future__ import annotations
+
+# The tiny-trio benches' job config (bench.bon_sr, bench.vllm_engine); each replaces the sections it varies.
+BASE = {
+    "name": "bench",
+    "seed": 0,
+    "data": {"source": "builtin:demo-prompts", "prompt_column": "prompt", "id_column": "id"},
+    "models": {"target": "builtin:tiny-target", "reward": {"kind": "lexical"}},
+    "method": {"name": "best_of_n", "n": 16},
+    "generation": {"max_new_tokens": 48, "temperature": 1.0, "top_k": 0, "top_p": 1.0},
+    "output": {"path": "runs/bench"},
+}
 
 
 def fmt(v) -> str:

@@ -34,18 +34,9 @@ import time
 from pathlib import Path
 
 from assets import demo_prompts
-from bench.common import table
+from bench.common import BASE, table
 
 ROOT = Path(__file__).resolve().parent.parent
-BASE = {
-    "name": "bench",
-    "seed": 0,
-    "data": {"source": "builtin:demo-prompts", "prompt_column": "prompt", "id_column": "id"},
-    "models": {"target": "builtin:tiny-target", "reward": {"kind": "lexical"}},
-    "method": {"name": "best_of_n", "n": 16},
-    "generation": {"max_new_tokens": 48, "temperature": 1.0, "top_k": 0, "top_p": 1.0},
-    "output": {"path": "runs/bench"},
-}
 KV_CACHE_MB = 512
 
 
