@@ -42,10 +42,11 @@ from bench.common import BASE, table
 from pipeline.preflight import resolved
 from reporting.stats import improvement_score
 from schemas.config import validate_config
-from workers.cost import Meter
-from workers.engine import kv_bytes_per_token, left_pad
-from workers.methods.rejection import best_of_n, speculative_rejection
-from workers.runner import Runner
+from workers.accounting.cost import Meter
+from workers.decoding.batch import left_pad
+from workers.decoding.kvcache import model_kv_bytes
+from workers.methods import run_method
+from workers.actor.runner import Runner
 
 
 def chunks(items: list, size: int) -> list[list]:
@@ -68,12 +69,11 @@ class Bench:
         meter = Meter(len(self.prompts))
         ctx = replace(self.lexical.context_for(meter), seed=seed,
                       reward=self.scorer if reward == "model" else self.lexical.reward)
-        fn = best_of_n if method["name"] == "best_of_n" else speculative_rejection
         results = []
         start = time.perf_counter()
         with torch.inference_mode():
             for batch in chunks(self.prompts, per_call):
-                results += fn(ctx, params, batch)
+                results += run_method(ctx, params, batch)
         wall = time.perf_counter() - start
         return {"results": results, "meter": meter, "wall": wall,
                 "tokens": sum(res.stats["generated_tokens"] for res in results)}
@@ -87,8 +87,8 @@ class Bench:
         start = time.perf_counter()
         with torch.inference_mode():
             for batch in chunks(self.prompts, per_call):
-                ids, mask = left_pad([p.ids for p in batch], r.pad_id, r.device)
-                out = r.target.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0,
+                ids, mask = left_pad([p.ids for p in batch], r.pad_id, r.engine.device)
+                out = r.engine.target.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0,
                                         top_k=0, top_p=1.0, num_return_sequences=n, max_new_tokens=limit,
                                         min_new_tokens=0, pad_token_id=r.pad_id, eos_token_id=r.eos_ids)
                 new = out[:, ids.shape[1]:].cpu()
@@ -166,7 +166,7 @@ def sr_vs_bon(bench: Bench, bon_ns: list[int], nmin: int, sr_settings: list[tupl
     """Best-of-N sweep and SR settings, each over `seeds` (figures averaged over seeds, wall-clock the best)."""
     width = max(len(p.ids) for p in bench.prompts)
     limit = bench.base["generation"]["max_new_tokens"]
-    budget = per_batch * nmin * (width + limit) * kv_bytes_per_token(bench.lexical.target)
+    budget = per_batch * nmin * (width + limit) * model_kv_bytes(bench.lexical.engine.target)
     budget_mb = budget / 2**20
 
     def runs(method: dict) -> tuple[dict, list[dict]]:

@@ -24,6 +24,7 @@ import json
 import math
 import statistics
 import time
+from dataclasses import replace
 
 import torch
 
@@ -31,12 +32,10 @@ from assets import demo_prompts
 from bench.common import table
 from pipeline.preflight import resolved
 from schemas.config import validate_config
-from workers.cost import Meter
-from workers.methods import METHODS
-from workers.methods.common import Context, PoolSampler
+from workers.accounting.cost import Meter
+from workers.methods import run_method
 from workers.methods.measures import add_measures
-from workers.runner import Runner
-from workers.sampling import Warp
+from workers.actor.runner import Runner
 
 BASE = {
     "name": "bench",
@@ -62,19 +61,16 @@ class Bench:
         """Run a method `repeats` times on the prompts; its results (last run), cost, and best wall-clock."""
         gen = dict(self.base["generation"], **(generation or {}))
         cfg = validate_config(dict(self.base, method=method, generation=gen))
-        g = cfg.generation
-        r = self.lexical
-        fn = METHODS[method["name"]]  # the method alone: its quality measures are added after the timing
+        r = Runner(resolved(cfg), share=self.lexical)  # the method's own sampling, on the loaded trio
         best = math.inf
         for _ in range(self.repeats):
             meter = Meter(len(self.prompts))
-            ctx = Context(target if target is not None else r.target, r.tokenizer, r.draft,
-                          r.reward if reward == "lexical" else self.scorer, meter,
-                          Warp(g.temperature, g.top_k, g.top_p), cfg.seed, r.eos_ids, r.pad_id,
-                          PoolSampler(g.sampler, g.gamma))
+            ctx = replace(r.context_for(meter), reward=r.reward if reward == "lexical" else self.scorer)
+            if target is not None:
+                ctx = replace(ctx, target=target)
             start = time.perf_counter()
-            with torch.inference_mode():
-                results = fn(ctx, cfg.method, self.prompts)
+            with torch.inference_mode():  # the method alone: its quality measures are added after the timing
+                results = run_method(ctx, cfg.method, self.prompts)
             best = min(best, time.perf_counter() - start)
         add_measures(ctx, self.prompts, results)
         return {"results": results, "meter": meter, "wall": best}

@@ -28,7 +28,7 @@ approximation: 2 x (parameters without the input embedding, the LM head included
 side's decoding, against the matmul's FLOP per CPU-second.
 
 **Phases** of the engine side: CPU time (``time.process_time``) of manual timers wrapped around the engine's
-functions by this bench (exclusive of nested timers): ``forward`` (the model, `workers.engine.forward`, without
+functions by this bench (exclusive of nested timers): ``forward`` (the model, `workers.decoding.batch.forward`, without
 the cache update), ``cache update`` (writing a step's keys and values: the engine's in-place
 ``GrowingLayer.update``; transformers' ``DynamicLayer.update``, a concatenation, under generate and in the reward
 session's caches), ``cache select`` (``batch_repeat_interleave``, ``Batch.select``/``compact``), ``sampling``
@@ -36,7 +36,7 @@ session's caches), ``cache select`` (``batch_repeat_interleave``, ``Batch.select
 model's call or its session's, tokenization included) and ``other`` (the rest: bookkeeping, ``tolist``, decoding
 the candidates' text). "Sampling of a step" is sampling / (forward + cache update + cache select + sampling).
 
-**Steps**: the CPU time of each ``Engine.step`` call (forward, cache, sampling of one token per sequence); the
+**Steps**: the CPU time of each ``TargetSampler.step`` call (forward, cache, sampling of one token per sequence); the
 median of the first and of the last quarter of a case's steps, and their ratio, show how a step grows with the
 response length (the attention reads one more column per step; nothing else should grow).
 
@@ -48,7 +48,7 @@ every row decodes to the length limit and the engine's early exit of finished ro
 case makes rows finish at a length drawn uniformly in [1, T] per row (the same lengths on both sides): generate
 gets a ``LogitsProcessor`` that forces EOS at the row's length (generate keeps finished rows in its batch, padded);
 the engine has no logits hook, so the bench sets each sequence's length limit (``Batch.limit``, after the prefill)
-to the row's length, which the engine handles as it handles an EOS (`Engine.done`, then the finished rows leave the
+to the row's length, which the engine handles as it handles an EOS (`TargetSampler.done`, then the finished rows leave the
 cache in bulk): the finish reason is "length" rather than "eos", the decoding work is the same.
 
 ``--quick`` (the default) takes about 15 minutes per repeat on 2 CPU cores; ``--full`` runs the issue's grid (N = 16, 64,
@@ -205,15 +205,15 @@ class Phases:
 
 
 class StepTimes:
-    """CPU seconds of each call of the engine's decoding step (`Engine.step`: forward, cache, sampling), in order."""
+    """CPU seconds of each call of the engine's decoding step (`TargetSampler.step`: forward, cache, sampling), in order."""
 
     def __init__(self):
         self.times: list[float] = []
 
     def install(self) -> None:
-        import workers.engine as eng
+        from workers.decoding.target import TargetSampler
 
-        step, times = eng.Engine.step, self.times
+        step, times = TargetSampler.step, self.times
 
         def timed(engine, batch):
             t0 = time.process_time()
@@ -222,7 +222,7 @@ class StepTimes:
             finally:
                 times.append(time.process_time() - t0)
 
-        eng.Engine.step = timed
+        TargetSampler.step = timed
 
     def take(self) -> dict:
         """The median step of the first and of the last quarter of the steps, and their ratio (> 1: steps grow
@@ -323,7 +323,7 @@ class Side:
     """Both sides on one loaded target: the engine through a Runner, generate on the Runner's target."""
 
     def __init__(self, folders: dict[str, Path], phases: Phases, steps: StepTimes):
-        from workers.runner import Runner
+        from workers.actor.runner import Runner
 
         self.folders = folders
         self.runner = Runner(self.config(16, 16))
@@ -346,16 +346,15 @@ class Side:
         return resolved(validate_config(raw))
 
     def engine(self, text: str, n: int, new_tokens: int, every_k_tokens: int | None = None) -> dict:
-        from workers.methods import get_method
+        from workers.actor.runner import Runner
 
-        self.runner.config = self.config(n, new_tokens, every_k_tokens)
-        self.runner.method = get_method(self.runner.config.method.name)  # the Runner picks its method at load
+        runner = Runner(self.config(n, new_tokens, every_k_tokens), share=self.runner)  # on the loaded models
         items = [{"prompt_id": "p0", "prompt": [{"role": "user", "content": text}]}]
         self.phases.take()
         self.steps.take()
         with PeakRSS() as mem:
             c0, w0 = time.process_time(), time.perf_counter()
-            rows = self.runner.run(items)
+            rows = runner.run(items)
             cpu, wall = time.process_time() - c0, time.perf_counter() - w0
         assert rows[0]["error"] is None, rows[0]["error"]
         return {"tokens": rows[0]["stats"]["generated_tokens"], "cpu_s": cpu, "wall_s": wall,
@@ -366,7 +365,7 @@ class Side:
     def generate(self, ids: list[int], n: int, new_tokens: int, lengths: list[int] | None = None) -> dict:
         from transformers import LogitsProcessorList
 
-        model = self.runner.target
+        model = self.runner.engine.target
         inp = torch.tensor([ids])
         procs = LogitsProcessorList([ForceEOS(lengths, len(ids))]) if lengths else None
         self.phases.take()
@@ -387,27 +386,28 @@ class Side:
 def install_timers(phases: Phases) -> None:
     from transformers.cache_utils import DynamicCache, DynamicLayer
 
-    import workers.engine as eng
-    from workers.kvcache import GrowingLayer
-    from workers.rewards import CachedScoring, RewardModelScorer
+    import workers.decoding.batch as batch_module
+    import workers.decoding.target as target_module
+    from workers.decoding.kvcache import GrowingLayer
+    from workers.scoring.reward_model import CachedScoring, RewardModelScorer
 
-    phases.wrap(eng, "forward", "forward")
+    phases.wrap(target_module, "forward", "forward")
     phases.wrap(DynamicLayer, "update", "cache update")  # generate's cache
     phases.wrap(GrowingLayer, "update", "cache update")  # the engine's
     phases.wrap(DynamicCache, "batch_repeat_interleave", "cache select")
-    phases.wrap(eng.Batch, "select", "cache select")
-    phases.wrap(eng, "uniforms", "sampling")
-    phases.wrap(eng, "next_tokens", "sampling")
+    phases.wrap(batch_module.Batch, "select", "cache select")
+    phases.wrap(target_module, "uniforms", "sampling")
+    phases.wrap(target_module, "next_tokens", "sampling")
     phases.wrap(RewardModelScorer, "__call__", "scoring")
     phases.wrap(CachedScoring, "score", "scoring")  # a pool's reward session (nested calls count once)
     phases.wrap(CachedScoring, "release", "scoring")
 
 
 def set_row_limits(sides: list[Side]) -> None:
-    """Engine.prefill, then each sequence's limit set to the current side's per-row length (the mixed case)."""
-    import workers.engine as eng
+    """TargetSampler.prefill, then each sequence's limit set to the current side's per-row length (the mixed case)."""
+    from workers.decoding.target import TargetSampler
 
-    prefill = eng.Engine.prefill
+    prefill = TargetSampler.prefill
 
     def limited(self, *a, **kw):
         batch = prefill(self, *a, **kw)
@@ -417,7 +417,7 @@ def set_row_limits(sides: list[Side]) -> None:
                 batch.limit = torch.minimum(batch.limit, torch.tensor(side.limits, device=batch.limit.device))
         return batch
 
-    eng.Engine.prefill = limited
+    TargetSampler.prefill = limited
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -438,12 +438,12 @@ def summarise(label: str, runs: list[dict], flop_per_token: float, prefill_token
 
 def run_case(side: Side, name: str, n: int, prompt_len: int, new_tokens: int, repeats: int, roof: dict,
              mixed: bool, rng: random.Random) -> dict:
-    text = prompt_text(prompt_len, side.runner.target.config.vocab_size, rng)
+    text = prompt_text(prompt_len, side.runner.engine.target.config.vocab_size, rng)
     ids = side.runner.tokenizer(text)["input_ids"]
     assert len(ids) == prompt_len, (len(ids), prompt_len)
     assert side.runner.encode_prompt([{"role": "user", "content": text}]) == ids
     lengths = [rng.randint(1, new_tokens) for _ in range(n)] if mixed else None
-    flop_per_token = 2 * matmul_params(side.runner.target)
+    flop_per_token = 2 * matmul_params(side.runner.engine.target)
     eng_runs, gen_runs = [], []
     for _ in range(repeats):  # alternate, so that other processes' load falls on both sides alike
         side.limits = lengths
@@ -465,7 +465,7 @@ def run_rejection(side: Side, name: str, n: int, prompt_len: int, new_tokens: in
     """Speculative Rejection (alpha 0.5, a decision every `every` tokens) against Best-of-N on one prompt: reward
     tokens per generated token (what the reward model was fed, the prompt included, over the tokens generated),
     CPU seconds and the scoring share."""
-    text = prompt_text(prompt_len, side.runner.target.config.vocab_size, rng)
+    text = prompt_text(prompt_len, side.runner.engine.target.config.vocab_size, rng)
     runs: dict[str, list[dict]] = {"sr": [], "bon": []}
     for _ in range(repeats):
         runs["sr"].append(side.engine(text, n, new_tokens, every_k_tokens=every))
@@ -533,7 +533,7 @@ def main() -> None:
                 del d
             side = Side(folders, phases, steps)
             sides[:] = [side]
-            target = side.runner.target
+            target = side.runner.engine.target
             roof = matmul_roofline(shape[2])
             info = {"family": shape[0], "vocab": shape[1], "hidden": shape[2], "layers": shape[3],
                     "heads": shape[4], "kv_heads": shape[5], "intermediate": shape[6],

@@ -1,12 +1,12 @@
-"""Continuous batching across actor calls (`workers.feed`) against one call at a time: `python -m bench.feed`.
+"""Continuous batching across actor calls (`workers.pool.loop`) against one call at a time: `python -m bench.feed`.
 
-An actor receives its prompts as Ray Data batches of `prompts_per_batch`. Before `workers.feed` it decoded one
+An actor receives its prompts as Ray Data batches of `prompts_per_batch`. Before the loop took two calls it decoded one
 batch at a time: the batch's rows that finish early leave, and its last rows run alone until the longest ends.
 With the feed the actor takes two batches at once and both feed one decoding loop, so the next batch's prompts take
 the places of the rows that finish. Both sides here run on one loaded Runner, the same batches in the same order:
 
 - **one call at a time**: each batch through the per-call path (its prompts joining one batch as memory frees,
-  `Runner._run_groups`), one after another, as Ray Data called the actor with one call per actor at a time;
+  `Runner.run` from one thread), one after another, as Ray Data called the actor with one call per actor at a time;
 - **two calls, one loop**: two threads, each taking the next batch and calling `Runner.run`, as Ray Data calls an
   actor with `max_concurrent_calls_per_actor=2`.
 
@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-import workers.engine as eng
+from workers.decoding.target import TargetSampler
 from bench.common import table
 from pipeline.preflight import resolved
 from schemas.config import validate_config
@@ -52,18 +52,18 @@ CASES = {  # model: list of (label, method, prompts, prompts_per_batch, max_new_
 
 
 class Steps:
-    """Counts Engine.step calls and the sequences each decodes."""
+    """Counts TargetSampler.step calls and the sequences each decodes."""
 
     def __init__(self):
         self.steps = self.rows = 0
-        step = eng.Engine.step
+        step = TargetSampler.step
 
         def counted(engine, batch):
             self.steps += 1
             self.rows += int(batch.alive.sum())
             return step(engine, batch)
 
-        eng.Engine.step = counted
+        TargetSampler.step = counted
 
     def take(self) -> dict:
         out = {"steps": self.steps, "rows_per_step": self.rows / max(self.steps, 1)}
@@ -74,7 +74,7 @@ class Steps:
 def mixed_lengths(limit: int):
     """Each sequence's length limit drawn from its prompt key and candidate index, uniform in [1, limit]; returns
     what undoes it."""
-    prefill = eng.Engine.prefill
+    prefill = TargetSampler.prefill
 
     def limited(engine, *args, **kwargs):
         batch = prefill(engine, *args, **kwargs)
@@ -82,19 +82,18 @@ def mixed_lengths(limit: int):
         batch.limit = torch.minimum(batch.limit, mix)
         return batch
 
-    eng.Engine.prefill = limited
+    TargetSampler.prefill = limited
 
     def undo():
-        eng.Engine.prefill = prefill
+        TargetSampler.prefill = prefill
 
     return undo
 
 
 def one_at_a_time(runner, batches: list[list[dict]]) -> list[dict]:
     rows = []
-    for b in batches:
-        with torch.inference_mode():
-            rows += runner._run_groups(b)
+    for b in batches:  # each call decoded alone: the loop drains before the next call comes
+        rows += runner.run(b)
     return rows
 
 
@@ -180,7 +179,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    from workers.runner import Runner
+    from workers.actor.runner import Runner
 
     print(f"load average at start: {os.getloadavg()}; torch threads {torch.get_num_threads()}; cpus {os.cpu_count()}")
     steps = Steps()

@@ -36,7 +36,7 @@ import time
 import torch
 
 from bench.common import table
-from workers.sampling import STREAM_TOKEN, Warp, next_tokens, prompt_key, uniforms, warp_probs
+from workers.decoding.sampling import STREAM_TOKEN, Warp, next_tokens, prompt_key, uniforms, warp_probs
 
 VOCABS = (506, 32000, 152064)
 WARPS = {

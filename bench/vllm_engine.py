@@ -6,7 +6,7 @@ Prints (Markdown tables; `--json PATH` also writes every figure):
    for each N of ``--ns``, ``--per-call`` prompts per call, on the same checkpoint:
    - *raw vLLM*: ``vllm.LLM.generate`` with ``SamplingParams(n=N, seed=s)`` per prompt, where s is the seed the
      wrapper gives the prompt's candidate 0 (so both sides sample the very same tokens; the bench checks it);
-   - *engine vllm*: ``VllmRunner.run`` (Best-of-N with the ``lexical`` reward: requests, the engine loop, text
+   - *engine vllm*: ``Runner.run`` with models.engine vllm (Best-of-N with the ``lexical`` reward: requests, the engine loop, text
      decoding, the rows);
    - *engine hf*: ``Runner.run``, the same method on Winnow's own engine.
    Raw vLLM and the wrapper run on one engine (a ``vllm.LLM`` built with the wrapper's engine settings: engine core
@@ -78,7 +78,7 @@ def side_runner(side: str, target: str, ns: list[int], items: list[dict], per_ca
     if side == "hf":
         import torch
 
-        from workers.runner import Runner
+        from workers.actor.runner import Runner
 
         torch.set_num_threads(threads)
         for n in [4] + ns:  # N = 4: warm-up
@@ -89,8 +89,9 @@ def side_runner(side: str, target: str, ns: list[int], items: list[dict], per_ca
     # raw vLLM and the vllm engine on one engine (a vllm.LLM's), alternating
     from vllm import LLM, SamplingParams
 
-    from workers.sampling import prompt_key
-    from workers.vllm_engine import VllmRunner, candidate_seed
+    from workers.decoding.sampling import prompt_key
+    from workers.actor.runner import Runner
+    from workers.engines.vllm import VllmEngine, candidate_seed
 
     held = {}
 
@@ -98,7 +99,8 @@ def side_runner(side: str, target: str, ns: list[int], items: list[dict], per_ca
         held["llm"] = LLM(**kwargs)
         return held["llm"].llm_engine
 
-    first = VllmRunner(job(target, {"name": "best_of_n", "n": 4}, "vllm", max_new_tokens), make_engine)
+    cfg = job(target, {"name": "best_of_n", "n": 4}, "vllm", max_new_tokens)
+    first = Runner(cfg, engine=VllmEngine(cfg, make_engine))
     llm = held["llm"]
     ids = {it["prompt_id"]: first.encode_prompt(it["prompt"]) for it in items}
 
@@ -113,7 +115,7 @@ def side_runner(side: str, target: str, ns: list[int], items: list[dict], per_ca
         return counts
 
     for n in [4] + ns:  # N = 4: warm-up
-        runner = first.sharing_engine(job(target, {"name": "best_of_n", "n": n}, "vllm", max_new_tokens))
+        runner = Runner(job(target, {"name": "best_of_n", "n": n}, "vllm", max_new_tokens), share=first)
         raw, wrapped = [], []
         for _ in range(repeats):
             raw.append(timed(lambda: generate(n), 1))
@@ -128,10 +130,10 @@ def side_runner(side: str, target: str, ns: list[int], items: list[dict], per_ca
 def sr_side(items: list[dict], per_call: int, max_new_tokens: int, bon_ns: list[int], settings: list[tuple],
             seeds: list[int]) -> dict:
     """The vllm engine's Best-of-N sweep and SR settings with the tiny reward model, per seed."""
-    from workers.vllm_engine import VllmRunner
+    from workers.actor.runner import Runner
 
     reward = {"kind": "model", "path": "builtin:tiny-reward"}
-    first = VllmRunner(job("builtin:tiny-target", {"name": "best_of_n", "n": 4}, "vllm", max_new_tokens, reward))
+    first = Runner(job("builtin:tiny-target", {"name": "best_of_n", "n": 4}, "vllm", max_new_tokens, reward))
     out = {}
     methods = [(f"Best-of-{n}", {"name": "best_of_n", "n": n}) for n in bon_ns]
     methods += [(f"SR n={n} alpha={a} every {k} tokens",
@@ -141,7 +143,7 @@ def sr_side(items: list[dict], per_call: int, max_new_tokens: int, bon_ns: list[
         per_seed = []
         for seed in seeds:
             cfg = job("builtin:tiny-target", method, "vllm", max_new_tokens, reward).model_copy(update={"seed": seed})
-            runner = first.sharing_engine(cfg)
+            runner = Runner(cfg, share=first)
             t0 = time.perf_counter()
             rows = [r for chunk in chunks(items, per_call) for r in runner.run(chunk)]
             wall = time.perf_counter() - t0

@@ -14,7 +14,7 @@ The pipeline (`run`) is
     read_parquet(prompts/) -> [CheckpointFilter] -> map_batches(GenerateBatch, actor pool) -> write_parquet
 
 Each actor of the pool holds one `GenerateBatch`, which loads the draft/target/reward trio once
-(`workers.runner.Runner`) and turns each batch of prompts into output rows, one per prompt, in order; a prompt whose
+(`workers.actor.runner.Runner`) and turns each batch of prompts into output rows, one per prompt, in order; a prompt whose
 `input_error` is set becomes an error row without reaching the engine. Exactly once comes from Ray Data's
 checkpointing (`ray.data.checkpoint.CheckpointConfig`, keyed on ``prompt_id``): each write task first records its
 prompt_ids in ``_checkpoint/<file>.pending.parquet``, then writes its data file, then renames the checkpoint to
@@ -53,7 +53,6 @@ from runfolder.manifest import finish_manifest, new_manifest
 from schemas.base import InputError
 from schemas.config import JobConfig, validate_config
 from schemas.rows import error_row, rows_to_table
-from workers.calls import concurrent_calls
 
 
 @dataclass
@@ -218,8 +217,8 @@ def run(config: JobConfig, folder: RunFolder) -> None:
 
 def actor_pool(config: JobConfig) -> ray.data.ActorPoolStrategy:
     """`resources.workers` actors; each runs two batches at once where their prompts feed one decoding loop
-    (`workers.feed`: the next batch's prompts take the places of rows that finish early), one otherwise."""
-    calls = concurrent_calls(config)
+    (`workers.pool.loop`: the next batch's prompts take the places of rows that finish early), one otherwise."""
+    calls = config.concurrent_calls
     if calls == 1:
         return ray.data.ActorPoolStrategy(size=config.resources.workers)
     return ray.data.ActorPoolStrategy(size=config.resources.workers, max_concurrent_calls_per_actor=calls,
@@ -249,19 +248,14 @@ class GenerateBatch:
 
     def __init__(self, config: dict, run_name: str, config_hash: str):
         from pipeline.faults import BatchRecorder
-        from workers.runner import Runner
+        from workers.actor.runner import Runner
 
         self.config = validate_config(config)
         self.source = {"run_name": run_name, "config_hash": config_hash}  # the user's config's, not the resolved one's
         self.method = self.config.method.name
         reward = self.config.models.reward
         self.with_concepts = reward is not None and reward.kind == "lexical"
-        if self.config.models.engine == "vllm":  # vLLM is imported only where it runs
-            from workers.vllm_engine import VllmRunner
-
-            self.runner = VllmRunner(self.config)
-        else:
-            self.runner = Runner(self.config)
+        self.runner = Runner(self.config)
         self.inflight = BatchRecorder.for_this_actor(self.config.output.path)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
@@ -291,7 +285,7 @@ class GenerateBatch:
             want = [x["prompt_id"] for x in inputs]
             if got != want:
                 raise RuntimeError(
-                    f"workers.runner.Runner.run broke its contract: it returned rows for {got} given {want}"
+                    f"workers.actor.runner.Runner.run broke its contract: it returned rows for {got} given {want}"
                 )
             for i, result in zip(todo, results):
                 out[i] = result

@@ -4,7 +4,7 @@
 role needs, read from its files before any model loads. `resolved` turns the config's `builtin:`
 names into the bundled folders' paths (`assets.resolve`, the one resolver of those names), so the workers receive
 plain locations. A model is a folder in Hugging Face format (it holds ``config.json``): a local folder, an s3:// (or
-other fsspec) prefix, or ``builtin:NAME``; the folder check itself is `workers.checkpoints.model_folder_problem`,
+other fsspec) prefix, or ``builtin:NAME``; the folder check itself is `stores.model_folders.model_folder_problem`,
 the same one the workers run before loading.
 """
 
@@ -16,7 +16,7 @@ import os
 
 import assets
 from schemas.config import JobConfig
-from workers.checkpoints import CAUSAL_LM, REWARD, model_folder_problems
+from stores.model_folders import CAUSAL_LM, REWARD, model_folder_problems
 
 
 def model_fields(config: JobConfig) -> list[tuple[str, str]]:

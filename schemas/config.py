@@ -13,7 +13,7 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from schemas.base import ConfigError, Strict, describe_validation_error, register_union_tags
-from schemas.methods import DRAFT_METHODS, METHOD_NAMES, POOL_METHODS, REWARD_METHODS, Method
+from schemas.methods import METHOD_NAMES, Method, methods_that
 
 
 class DataConfig(Strict):
@@ -158,20 +158,22 @@ class JobConfig(Strict):
     @model_validator(mode="after")
     def _cross_field(self) -> "JobConfig":
         problems = []
-        m = self.method.name
-        if m in REWARD_METHODS and self.models.reward is None:
+        method = self.method
+        m = method.name
+        if method.ranks_by_reward and self.models.reward is None:
             problems.append(f"models.reward: required by method {m!r}, which ranks candidates by reward")
         why = self.draft_needed_by
         if why and not self.models.draft:
             problems.append(f"models.draft: required by {why}")
-        if self.models.engine == "vllm":
-            if m not in VLLM_METHODS:
-                problems.append(f"models.engine: 'vllm' runs {', '.join(sorted(VLLM_METHODS))}, not method {m!r}; "
-                                "use engine 'hf'")
-            elif why:
+        engine = self.models.engine
+        if engine not in method.engines:
+            runs = ", ".join(sorted(methods_that(lambda c: engine in c.engines)))
+            problems.append(f"models.engine: {engine!r} runs {runs}, not method {m!r}; use engine 'hf'")
+        elif engine == "vllm":
+            if why:
                 problems.append(f"models.engine: 'vllm' samples with the target alone; {why} needs the draft "
                                 "(engine 'hf'), or set generation.sampler: target")
-            n = getattr(self.method, "n", 1)
+            n = method.candidates()
             if n > self.models.vllm_max_num_seqs:
                 problems.append(f"models.vllm_max_num_seqs: {self.models.vllm_max_num_seqs} is fewer than method.n "
                                 f"({n}); a prompt's candidates decode together")
@@ -186,12 +188,23 @@ class JobConfig(Strict):
     def draft_needed_by(self) -> str | None:
         """What needs a draft model beside the target (the method, or the speculative sampler of a candidate pool),
         or None. The one rule: validation requires `models.draft` by it and the workers load the draft by it."""
-        m = self.method.name
-        if m in DRAFT_METHODS:
-            return f"method {m!r}"
-        if m in POOL_METHODS and self.generation.sampler == "speculative":
+        m = self.method
+        if m.needs_draft:
+            return f"method {m.name!r}"
+        if m.sampling(self.generation).sampler == "speculative":
             return "generation.sampler 'speculative'"
         return None
+
+    @property
+    def concurrent_calls(self) -> int:
+        """Actor calls (Ray Data batches) one actor runs at once: two where their prompts feed one decoding loop
+        (the next batch's prompts take the places of sequences that finish early; workers.pool.loop), else one.
+        Calls feed one loop where the method's prompts are the same whichever prompts share its loop
+        (`feeds_across_calls`) and they can join a loop that decodes: any engine but the hf engine's speculative
+        sampler, whose prompts start together. Decided from the config alone: the driver imports no torch."""
+        m = self.method
+        joins = self.models.engine == "vllm" or m.sampling(self.generation).sampler == "target"
+        return CONCURRENT_CALLS if m.feeds_across_calls() and joins else 1
 
     def hash(self) -> str:
         """Stable hash of the resolved config: what makes two runs the same run. Fields added after the first
@@ -209,8 +222,7 @@ class JobConfig(Strict):
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-# Methods the vLLM engine runs (models.engine: vllm).
-VLLM_METHODS = frozenset({"best_of_n", "speculative_rejection", "greedy", "nucleus"})
+CONCURRENT_CALLS = 2  # actor calls one decoding loop takes at once: the one draining and the next one
 
 # Fields added after the first release, by dotted path, with their default's JSON dump: `JobConfig.hash` leaves
 # them out while they hold it. A new field with a default goes here, or every existing run folder's hash changes.

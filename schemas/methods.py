@@ -1,35 +1,83 @@
-"""Per-method parameters: a discriminated union on ``method.name``.
+"""Per-method parameters: a discriminated union on ``method.name``, and what each method can do.
 
 Parameter names follow the papers: ``n`` and ``alpha`` (Speculative Rejection, paper 001); ``gamma``,
 ``num_beams`` and ``tau`` (MJSD, paper 002); ``lookahead`` (d), ``top_k`` (k), ``accept_threshold`` (a_t),
 ``reward_threshold`` (r_t) and ``b`` (CDSL, paper 000).
+
+A method's abilities live on its class (`MethodParams`): whether it is a candidate pool, which engines run it,
+whether it needs a reward or a draft, how many sequences a prompt starts, whether its KV cache grows to full
+length, whether calls can feed one decoding loop, and how it samples. Validation (`schemas.config`), the actor's
+choice of concurrency and the workers read them there and nowhere else.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, ClassVar, Literal, NamedTuple, Union
 
 from pydantic import Field
 
 from schemas.base import Strict
 
-# Methods that rank candidates by a reward, so they cannot run without one.
-REWARD_METHODS = frozenset({"best_of_n", "speculative_rejection", "cdlh", "cdlh_appx", "cdsl"})
-# Methods that decode a pool of candidates per prompt, with the sampler of `generation.sampler`.
-POOL_METHODS = frozenset({"best_of_n", "speculative_rejection"})
-# Methods that need a draft model beside the target (a pool method also needs one with the speculative sampler:
-# `schemas.config.JobConfig.draft_needed_by` is the rule).
-DRAFT_METHODS = frozenset({"speculative_decoding", "mjsd", "cdlh_appx", "cdsl"})
+
+class Sampling(NamedTuple):
+    """How a method samples, from `generation` and its own parameters: the warp (temperature 0 is greedy; top_p 1
+    and top_k 0 disable them) and the sampler ('target' token by token, or 'speculative': the draft proposes
+    `gamma` tokens, the target verifies them)."""
+
+    temperature: float
+    top_p: float
+    top_k: int
+    sampler: str
+    gamma: int
 
 
-class BestOfN(Strict):
+class MethodParams(Strict):
+    """What every method's parameters say about it. Class attributes are fixed per method; methods depend on the
+    parameters."""
+
+    pool: ClassVar[bool] = False  # decodes a candidate pool per prompt (workers.pool), on any engine it runs on
+    engines: ClassVar[frozenset[str]] = frozenset({"hf"})  # models.engine values that run it
+    ranks_by_reward: ClassVar[bool] = False  # ranks or steers by a reward, so it cannot run without one
+    needs_draft: ClassVar[bool] = False  # needs models.draft whatever the sampler
+
+    def candidates(self) -> int:
+        """Sequences a prompt decodes at once at the start (candidates, or beams)."""
+        return 1
+
+    def decides(self) -> bool:
+        """Whether the pool has decision tokens (scores running candidates while they decode)."""
+        return False
+
+    def kv_grows(self) -> bool:
+        """Whether a prompt's sequences may hold their KV cache at full length (else decisions bound it)."""
+        return True
+
+    def feeds_across_calls(self) -> bool:
+        """Whether a prompt's tokens are the same whichever prompts share its decoding loop, so that an actor's
+        calls may feed one loop (continuous batching across calls; workers.pool.loop)."""
+        return self.pool
+
+    def sampling(self, generation) -> Sampling:
+        """How its candidates are sampled, from `generation` (schemas.config.GenerationConfig)."""
+        g = generation
+        return Sampling(g.temperature, g.top_p, g.top_k, g.sampler if self.pool else "target", g.gamma)
+
+
+class BestOfN(MethodParams):
     """N i.i.d. samples per prompt, scored by the reward; the argmax is returned."""
+
+    pool: ClassVar[bool] = True
+    engines: ClassVar[frozenset[str]] = frozenset({"hf", "vllm"})
+    ranks_by_reward: ClassVar[bool] = True
 
     name: Literal["best_of_n"] = Field(description="Best-of-N sampling.")
     n: int = Field(16, ge=1, le=65536, description="Samples per prompt (N).")
 
+    def candidates(self) -> int:
+        return self.n
 
-class SpeculativeRejection(Strict):
+
+class SpeculativeRejection(MethodParams):
     """Paper 001, Algorithm 1: start with n candidates, cut the lowest alpha fraction at each decision token."""
 
     name: Literal["speculative_rejection"] = Field(description="Speculative Rejection (paper 001).")
@@ -57,21 +105,53 @@ class SpeculativeRejection(Strict):
         description="Fraction of free device memory (GPU) or available host memory (CPU) the KV cache may fill.",
     )
 
+    pool: ClassVar[bool] = True
+    engines: ClassVar[frozenset[str]] = frozenset({"hf", "vllm"})
+    ranks_by_reward: ClassVar[bool] = True
 
-class Greedy(Strict):
+    def candidates(self) -> int:
+        return self.n
+
+    def decides(self) -> bool:
+        return True
+
+    def kv_grows(self) -> bool:
+        # the memory schedule rejects candidates once their cache reaches its budget: only the start must fit whole
+        return self.schedule != "memory"
+
+    def feeds_across_calls(self) -> bool:
+        # the memory schedule decides when the whole pool's cache is full: which prompts share it would change the
+        # decisions, so its calls decode one at a time
+        return self.schedule != "memory"
+
+
+class Greedy(MethodParams):
     """The target's own greedy decoding: one response per prompt."""
+
+    pool: ClassVar[bool] = True
+    engines: ClassVar[frozenset[str]] = frozenset({"hf", "vllm"})
 
     name: Literal["greedy"] = Field(description="Greedy decoding with the target.")
 
+    def sampling(self, generation) -> Sampling:
+        return Sampling(0.0, 1.0, 0, "target", generation.gamma)
 
-class Nucleus(Strict):
+
+class Nucleus(MethodParams):
     """Nucleus (top-p) sampling with the target: one response per prompt."""
+
+    pool: ClassVar[bool] = True
+    engines: ClassVar[frozenset[str]] = frozenset({"hf", "vllm"})
 
     name: Literal["nucleus"] = Field(description="Nucleus sampling with the target.")
     top_p: float = Field(0.9, gt=0.0, le=1.0, description="Nucleus mass p; overrides generation.top_p.")
 
+    def sampling(self, generation) -> Sampling:
+        g = generation
+        return Sampling(g.temperature, self.top_p, g.top_k, "target", g.gamma)
 
-class Beam(Strict):
+
+class Beam(MethodParams):
     """Beam search with the target: the highest-likelihood beam is returned."""
 
     name: Literal["beam"] = Field(description="Beam search with the target.")
@@ -80,15 +160,25 @@ class Beam(Strict):
         1.0, description="Exponent on length when ranking finished beams (score / length**length_penalty)."
     )
 
+    def candidates(self) -> int:
+        return self.num_beams
 
-class SpeculativeDecoding(Strict):
+
+class SpeculativeDecoding(MethodParams):
     """Leviathan et al.: the draft proposes gamma tokens, the target verifies them in one forward."""
+
+    pool: ClassVar[bool] = True  # a pool of one candidate per prompt, sampled by the speculative sampler
+    needs_draft: ClassVar[bool] = True
 
     name: Literal["speculative_decoding"] = Field(description="Speculative decoding with the draft model.")
     gamma: int = Field(4, ge=1, le=64, description="Draft tokens proposed per target call.")
 
+    def sampling(self, generation) -> Sampling:
+        g = generation
+        return Sampling(g.temperature, g.top_p, g.top_k, "speculative", self.gamma)
 
-class MJSD(Strict):
+
+class MJSD(MethodParams):
     """Paper 002, Algorithm 1: beam-sampled drafts verified by joint likelihood."""
 
     name: Literal["mjsd"] = Field(description="Multi-token joint speculative decoding (paper 002).")
@@ -107,8 +197,10 @@ class MJSD(Strict):
         "tau = 1 rejects every draft, which is the target's own decoding. The paper's 0.1.",
     )
 
+    needs_draft: ClassVar[bool] = True
 
-class _Lookahead(Strict):
+
+class _Lookahead(MethodParams):
     lookahead: int = Field(3, ge=1, le=64, description="Lookahead length d: greedy tokens rolled out per candidate.")
     top_k: int = Field(
         3, ge=1, le=1024, description="Candidate next tokens k scored by their lookaheads (the paper's 3)."
@@ -120,17 +212,25 @@ class CDLH(_Lookahead):
 
     name: Literal["cdlh"] = Field(description="Constrained decoding with lookahead heuristic (target lookaheads).")
 
+    ranks_by_reward: ClassVar[bool] = True
+
 
 class CDLHAppx(_Lookahead):
     """Paper 000, section 3.1: CDLH with the lookaheads drafted by the draft model."""
 
     name: Literal["cdlh_appx"] = Field(description="CDLH with approximate (draft) lookaheads.")
 
+    ranks_by_reward: ClassVar[bool] = True
+    needs_draft: ClassVar[bool] = True
+
 
 class CDSL(_Lookahead):
     """Paper 000, Algorithm 1: speculative lookaheads, verified by the target and scored by the reward."""
 
     name: Literal["cdsl"] = Field(description="Constrained decoding with speculative lookaheads (paper 000).")
+
+    ranks_by_reward: ClassVar[bool] = True
+    needs_draft: ClassVar[bool] = True
     accept_threshold: float = Field(
         0.9, ge=0.0, le=1.0,
         description="a_t: an acceptance a = accepted/d at or above it counts as high. Defaults a_t, r_t and b are "
@@ -147,12 +247,20 @@ class CDSL(_Lookahead):
     )
 
 
-Method = Annotated[
-    Union[BestOfN, SpeculativeRejection, Greedy, Nucleus, Beam, SpeculativeDecoding, MJSD, CDLH, CDLHAppx, CDSL],
-    Field(discriminator="name"),
-]
+METHOD_CLASSES = (BestOfN, SpeculativeRejection, Greedy, Nucleus, Beam, SpeculativeDecoding, MJSD, CDLH, CDLHAppx,
+                  CDSL)
 
-METHOD_NAMES = (
-    "best_of_n", "speculative_rejection", "greedy", "speculative_decoding", "mjsd",
-    "cdlh", "cdlh_appx", "cdsl", "beam", "nucleus",
-)
+Method = Annotated[Union[METHOD_CLASSES], Field(discriminator="name")]
+
+
+def method_name(cls: type[MethodParams]) -> str:
+    """The `method.name` a parameters class answers to."""
+    return cls.model_fields["name"].annotation.__args__[0]
+
+
+METHOD_NAMES = tuple(method_name(c) for c in METHOD_CLASSES)
+
+
+def methods_that(ability) -> list[str]:
+    """The names of the methods whose class has `ability(cls)`, in METHOD_CLASSES' order (for messages)."""
+    return [method_name(c) for c in METHOD_CLASSES if ability(c)]

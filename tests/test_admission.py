@@ -7,33 +7,35 @@ from __future__ import annotations
 import pytest
 import torch
 
-import workers.engine as eng
+import workers.decoding.batch as batch_module
+import workers.decoding.target as target_module
 from tests.trio_helpers import demo_items, trio, trio_prompts
-from workers.cost import Meter
-from workers.engine import Engine, forward
-from workers.sampling import Warp
+from workers.accounting.cost import Meter
+from workers.decoding.batch import forward
+from workers.decoding.sampling import Warp
+from workers.decoding.target import TargetSampler
 
 
 def _check_logits(runner, prompts, batch, logits):
     with torch.inference_mode():
         for r in range(batch.size):
             seq = prompts[int(batch.group[r])].ids + batch.tokens[r, : int(batch.length[r]) - 1].tolist()
-            ref = runner.target(torch.tensor([seq])).logits[0, -1].float()
+            ref = runner.engine.target(torch.tensor([seq])).logits[0, -1].float()
             torch.testing.assert_close(logits[r], ref, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("shared", [True, False])
 def test_a_prompt_joining_a_decoding_batch_gets_its_own_logits(shared, monkeypatch):
     runner = trio()
-    monkeypatch.setattr("workers.shared_prefix.SHARE_MIN_BYTES", 0)  # share even the tiny trio's prompts
+    monkeypatch.setattr("workers.decoding.shared_prefix.SHARE_MIN_BYTES", 0)  # share even the tiny trio's prompts
     if not shared:
-        monkeypatch.setattr(eng, "share", lambda *a: None)
+        monkeypatch.setattr(target_module, "share", lambda *a: None)
     prompts = trio_prompts(demo_items(4))
     # the joining prompts are longer than the running one and shorter: both sides get padded
     order = sorted(range(4), key=lambda i: len(prompts[i].ids))
     first, later = [prompts[order[1]]], [prompts[order[0]], prompts[order[3]]]
     prompts = first + later
-    engine = Engine(runner.target, runner.pad_id, runner.eos_ids, Warp(1.0), 0, Meter(3))
+    engine = TargetSampler(runner.engine.target, runner.pad_id, runner.eos_ids, Warp(1.0), 0, Meter(3))
     with torch.inference_mode():
         batch = engine.prefill([p.ids for p in first], 3, [p.key for p in first], [30])
         for _ in range(5):
@@ -44,7 +46,7 @@ def test_a_prompt_joining_a_decoding_batch_gets_its_own_logits(shared, monkeypat
         assert batch.group.tolist() == [0, 0, 1, 1, 1, 2, 2, 2]
         for _ in range(4):
             batch.mask = torch.cat([batch.mask, batch.mask.new_ones(batch.size, 1)], 1)
-            logits = forward(runner.target, "target", batch.pending[:, None], batch.mask, batch.cache, batch.group,
+            logits = forward(runner.engine.target, "target", batch.pending[:, None], batch.mask, batch.cache, batch.group,
                              engine.meter)[:, -1]
             engine._sample_into(batch, logits)
         _check_logits(runner, prompts, batch, logits)
@@ -65,7 +67,7 @@ def comparable(rows: list[dict]) -> list:
 ])
 def test_prompts_admitted_as_rows_free_give_the_rows_of_starting_together(method, monkeypatch):
     from tests.trio_helpers import config
-    from workers.runner import Runner
+    from workers.actor.runner import Runner
 
     cfg = config(method=method, generation={"max_new_tokens": 24}, resources={"prompts_per_batch": 4})
     items = demo_items(4)
@@ -73,14 +75,15 @@ def test_prompts_admitted_as_rows_free_give_the_rows_of_starting_together(method
     runner = Runner(cfg)
     ready, _ = runner.prepare(items)
     # room for one prompt and a half: the next prompt joins once half of the running one's candidates have left
-    runner.memory_budget = int(1.5 * max(runner.memory_need(p) for _, p in ready))
-    joins, extend = [], eng.Batch.extend
+    runner.engine.memory_budget = int(1.5 * max(runner.engine.memory_need(p, runner.params, runner.reward)
+                                                for _, p in ready))
+    joins, extend = [], batch_module.Batch.extend
 
     def counted(batch, other, pad_id):
         joins.append((batch.size, other.size))
         return extend(batch, other, pad_id)
 
-    monkeypatch.setattr(eng.Batch, "extend", counted)
+    monkeypatch.setattr(batch_module.Batch, "extend", counted)
     rows = runner.run(items)
     assert joins and all(running > 0 for running, _ in joins)  # prompts joined a batch that was still decoding
     assert comparable(rows) == comparable(together)
@@ -93,9 +96,9 @@ def _loop_ends(runner, within: float = 10.0) -> bool:
     import time
 
     deadline = time.monotonic() + within
-    while runner._loop.thread is not None and time.monotonic() < deadline:
+    while runner.loop.serving and time.monotonic() < deadline:
         time.sleep(0.01)
-    return runner._loop.thread is None
+    return not runner.loop.serving
 
 
 def _feed_two_calls(runner, first: list[dict], second: list[dict]) -> tuple[list[dict], list[dict], float]:
@@ -105,7 +108,7 @@ def _feed_two_calls(runner, first: list[dict], second: list[dict]) -> tuple[list
 
     out: dict[str, list[dict]] = {}
     started = threading.Event()
-    step = eng.Engine.step
+    step = TargetSampler.step
 
     def stepping(self, batch):
         started.set()
@@ -116,7 +119,7 @@ def _feed_two_calls(runner, first: list[dict], second: list[dict]) -> tuple[list
 
     t0 = time.perf_counter()
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(eng.Engine, "step", stepping)
+        mp.setattr(TargetSampler, "step", stepping)
         a = threading.Thread(target=call, args=("a", first))
         a.start()
         assert started.wait(60)
@@ -133,23 +136,23 @@ def _feed_two_calls(runner, first: list[dict], second: list[dict]) -> tuple[list
     {"name": "greedy"},
 ])
 def test_two_actor_calls_feed_one_decoding_loop_and_get_the_rows_of_running_alone(method, monkeypatch):
-    """Continuous batching across actor calls (workers.feed): a second call's prompts join the batch while the
+    """Continuous batching across actor calls (workers.pool.loop): a second call's prompts join the batch while the
     first call's decode; each call gets the rows it gets alone, its cost charged once."""
     from tests.trio_helpers import config
-    from workers.runner import Runner
+    from workers.actor.runner import Runner
 
     cfg = config(method=method, generation={"max_new_tokens": 24}, resources={"prompts_per_batch": 2})
     items = demo_items(4)
     runner = Runner(cfg)
     alone = runner.run(items[:2]) + runner.run(items[2:])
     seen = []  # groups of every sampling step's batch
-    step = eng.Engine.step
+    step = TargetSampler.step
 
     def watched(self, batch):
         seen.append(set(batch.group[batch.alive].tolist()))
         return step(self, batch)
 
-    monkeypatch.setattr(eng.Engine, "step", watched)
+    monkeypatch.setattr(TargetSampler, "step", watched)
     a, b, elapsed = _feed_two_calls(runner, items[:2], items[2:])
     assert [r["prompt_id"] for r in a + b] == [x["prompt_id"] for x in items]
     assert comparable(a + b) == comparable(alone)
@@ -157,17 +160,17 @@ def test_two_actor_calls_feed_one_decoding_loop_and_get_the_rows_of_running_alon
     device = sum(r["cost"]["device_seconds"] for r in a + b)
     assert 0 < device <= elapsed  # each stretch of the loop charged once, to the prompts that worked in it
     assert all(r["cost"]["target_forwards"] > 0 and r["cost"]["reward_tokens"] >= 0 for r in a + b)
-    assert _loop_ends(runner) and runner._loop.pool is None  # the loop ended with its last call, its pool dropped
+    assert _loop_ends(runner) and runner.loop.pool is None  # the loop ended with its last call, its pool dropped
 
 
 def test_a_failure_in_the_decoding_loop_fails_every_call_in_flight_and_the_next_call_runs(monkeypatch):
     from tests.trio_helpers import config
-    from workers.runner import Runner
+    from workers.actor.runner import Runner
 
     runner = Runner(config(method={"name": "best_of_n", "n": 4}, generation={"max_new_tokens": 16}))
     items = demo_items(4)
     want = runner.run(items[:2])
-    step, calls = eng.Engine.step, []
+    step, calls = TargetSampler.step, []
 
     def failing(self, batch):
         calls.append(1)
@@ -175,7 +178,7 @@ def test_a_failure_in_the_decoding_loop_fails_every_call_in_flight_and_the_next_
             raise RuntimeError("engine died")
         return step(self, batch)
 
-    monkeypatch.setattr(eng.Engine, "step", failing)
+    monkeypatch.setattr(TargetSampler, "step", failing)
     with pytest.raises(RuntimeError, match="engine died"):
         runner.run(items[:2])
     assert _loop_ends(runner)
@@ -185,7 +188,7 @@ def test_a_failure_in_the_decoding_loop_fails_every_call_in_flight_and_the_next_
 def test_a_meter_over_a_window_of_prompts_charges_each_stretch_once(monkeypatch):
     """The feed's meter: prompts numbered on (grow), the oldest forgotten (retire; their dead rows, still fed until
     the batch compacts, charge nobody), and each stretch of time shared by the tokens caused in it (tick)."""
-    import workers.cost as cost
+    import workers.accounting.cost as cost
 
     clock = iter([0.0, 10.0, 16.0, 20.0, 30.0])
     monkeypatch.setattr(cost.time, "perf_counter", lambda: next(clock))

@@ -15,7 +15,8 @@ from tests.test_speculative import (  # noqa: F401  (one_thread is an autouse fi
     EOS, coverage_reward, greedy_reference, one_thread, pair, run, toy_context, toy_prompts,
 )
 from workers.methods.cdsl import S1, S2, S3, S4, cdsl_states, run_cdsl
-from workers.methods.measures import add_measures, constraint_stats, perplexities
+from workers.decoding.logprobs import perplexities
+from workers.methods.measures import add_measures, constraint_stats
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -247,11 +248,11 @@ def test_perplexity_is_the_targets_and_outside_the_cost():
 def test_perplexity_by_gather_and_logsumexp_is_the_log_softmax_one(elements, monkeypatch):
     """On the bundled trio: the chunked gather-then-logsumexp gives the log_softmax numbers over the whole sequence."""
     from tests.trio_helpers import demo_items, trio, trio_prompts
-    from workers import logprobs
-    from workers.engine import left_pad, position_ids
+    from workers.decoding import logprobs
+    from workers.decoding.batch import left_pad, position_ids
 
     monkeypatch.setattr(logprobs, "LOGSUMEXP_ELEMENTS", elements)
-    target = trio().target
+    target = trio().engine.target
     prompts = [p.ids for p in trio_prompts(demo_items(5))]
     gen = torch.Generator().manual_seed(0)
     vocab = target.config.get_text_config().vocab_size

@@ -6,10 +6,12 @@ import pytest
 import torch
 
 from tests.trio_helpers import demo_items, run_trio, tokens_of, trio, trio_prompts
-from workers.cost import Meter
-from workers.engine import Engine, forward, kv_bytes_per_token, left_pad
-from workers.methods.rejection import cut_value, rejection_cut
-from workers.sampling import Warp
+from workers.accounting.cost import Meter
+from workers.decoding.batch import forward, left_pad
+from workers.decoding.kvcache import model_kv_bytes
+from workers.decoding.sampling import Warp
+from workers.decoding.target import TargetSampler
+from workers.pool.schedules import cut_value, rejection_cut
 
 BON8 = {"name": "best_of_n", "n": 8}
 
@@ -24,7 +26,7 @@ def test_greedy_best_of_n_matches_generate(items):
     prompts, results, _ = run_trio({"name": "best_of_n", "n": 3}, items, {"temperature": 0, "max_new_tokens": 40})
     for p, res in zip(prompts, results):
         ids = torch.tensor([p.ids])
-        ref = runner.target.generate(
+        ref = runner.engine.target.generate(
             ids, attention_mask=torch.ones_like(ids), max_new_tokens=40, do_sample=False,
             eos_token_id=runner.eos_ids, pad_token_id=runner.pad_id,
         )[0, len(p.ids):].tolist()
@@ -126,7 +128,7 @@ def test_sequence_selection_keeps_the_cache_exact(items):
     runner = trio()
     prompts = trio_prompts(items[:3])
     meter = Meter(len(prompts))
-    engine = Engine(runner.target, runner.pad_id, runner.eos_ids, Warp(1.0), 0, meter)
+    engine = TargetSampler(runner.engine.target, runner.pad_id, runner.eos_ids, Warp(1.0), 0, meter)
     with torch.inference_mode():
         state = engine.prefill([p.ids for p in prompts], 4, [p.key for p in prompts], [40] * 3)
         for _ in range(5):
@@ -134,10 +136,10 @@ def test_sequence_selection_keeps_the_cache_exact(items):
         keep = torch.tensor([1, 2, 6, 9, 11])
         state.select(keep)
         state.mask = torch.cat([state.mask, state.mask.new_ones(state.size, 1)], 1)
-        got = forward(runner.target, "target", state.pending[:, None], state.mask, state.cache, state.group, meter)
+        got = forward(runner.engine.target, "target", state.pending[:, None], state.mask, state.cache, state.group, meter)
         for r in range(state.size):
             seq = prompts[int(state.group[r])].ids + state.tokens[r, : int(state.length[r])].tolist()
-            ref = runner.target(torch.tensor([seq])).logits[0, -1].float()
+            ref = runner.engine.target(torch.tensor([seq])).logits[0, -1].float()
             torch.testing.assert_close(got[r, -1], ref, atol=1e-4, rtol=1e-4)
 
 
@@ -159,13 +161,13 @@ def test_kv_bytes_per_token_from_config():
     cfg = LlamaConfig(vocab_size=32, hidden_size=64, intermediate_size=64, num_hidden_layers=3,
                       num_attention_heads=8, num_key_value_heads=2, head_dim=16)
     model = LlamaForCausalLM(cfg).to(torch.bfloat16)
-    assert kv_bytes_per_token(model) == 2 * 3 * 2 * 16 * 2
+    assert model_kv_bytes(model) == 2 * 3 * 2 * 16 * 2
 
 
 def test_memory_schedule_decides_when_the_cache_would_pass_the_budget(items):
     prompts = trio_prompts(items[:2])
     width = max(len(p.ids) for p in prompts)
-    n, per_col = 8, kv_bytes_per_token(trio().target)
+    n, per_col = 8, model_kv_bytes(trio().engine.target)
     sequences = n * len(prompts)
     decide_at = 5  # generated tokens at the first decision
     # with g tokens generated the cache holds width + g - 1 columns (the last token is not yet fed); the next step
@@ -180,7 +182,7 @@ def test_left_pad_and_positions():
     ids, mask = left_pad([[5, 6, 7], [8]], 0, torch.device("cpu"))
     assert ids.tolist() == [[5, 6, 7], [0, 0, 8]]
     assert mask.tolist() == [[1, 1, 1], [0, 0, 1]]
-    from workers.engine import position_ids
+    from workers.decoding.batch import position_ids
 
     assert position_ids(mask).tolist() == [[0, 1, 2], [0, 0, 0]]
 
@@ -189,24 +191,24 @@ def test_quality_measures_run_after_the_cost_window_closes(items, monkeypatch):
     """The Runner bills the method alone: the perplexity forward of the measures comes after the costs are taken."""
     import time
 
-    import workers.runner as runner_module
     from tests.trio_helpers import config
-    from workers.runner import Runner
+    from workers.actor.runner import Runner
+    from workers.engines.hf import HfDecoder
 
     runner = Runner(config(method={"name": "greedy"}, generation={"temperature": 0, "max_new_tokens": 8}))
     events = []
-    add_measures, per_prompt = runner_module.add_measures, Meter.per_prompt
+    measure, per_prompt = HfDecoder.measure, Meter.per_prompt
 
-    def slow_measures(ctx, prompts, results):
+    def slow_measures(decoder, requests):
         events.append("measures")
         time.sleep(1.0)
-        add_measures(ctx, prompts, results)
+        measure(decoder, requests)
 
     def costs(meter, *args, **kwargs):
         events.append("costs")
         return per_prompt(meter, *args, **kwargs)
 
-    monkeypatch.setattr(runner_module, "add_measures", slow_measures)
+    monkeypatch.setattr(HfDecoder, "measure", slow_measures)
     monkeypatch.setattr(Meter, "per_prompt", costs)
     start = time.perf_counter()
     out = runner.run(items[:2])
@@ -222,26 +224,30 @@ def test_quality_measures_run_after_the_cost_window_closes(items, monkeypatch):
 
 def test_memory_budget_is_the_free_memory_share_capped_by_memory_budget_mb(monkeypatch):
     from schemas.methods import SpeculativeRejection
-    from workers.methods import rejection
+    from tests.trio_helpers import trio_context
+    from workers.accounting import memory
+    from workers.engines.hf import HfDecoder
+    from workers.pool.schedules import memory_budget
 
-    cpu = torch.device("cpu")
     sr = {"name": "speculative_rejection"}
-    real = rejection.memory_budget_bytes(SpeculativeRejection(**sr), cpu)  # the host's own memory on CPU
+    decoder = HfDecoder(trio_context(Meter(1)), 4)
+    real = memory_budget(SpeculativeRejection(**sr), decoder.kv_space())  # the host's own memory on CPU
     assert isinstance(real, int) and 0 < real < 2**62
     gib = 2**30
-    monkeypatch.setattr(rejection, "host_available_bytes", lambda: 10 * gib)
-    assert rejection.memory_budget_bytes(SpeculativeRejection(**sr), cpu) == int(0.8 * 10 * gib)
-    assert rejection.memory_budget_bytes(SpeculativeRejection(**sr, memory_fraction=0.5), cpu) == 5 * gib
-    assert rejection.memory_budget_bytes(SpeculativeRejection(**sr, memory_budget_mb=100), cpu) == 100 * 2**20
-    assert rejection.memory_budget_bytes(SpeculativeRejection(**sr, memory_budget_mb=10**6), cpu) == 8 * gib
-    monkeypatch.setattr(rejection, "host_available_bytes", lambda: None)
+    monkeypatch.setattr(memory, "host_available_bytes", lambda: 10 * gib)
+    space = decoder.kv_space()
+    assert memory_budget(SpeculativeRejection(**sr), space) == int(0.8 * 10 * gib)
+    assert memory_budget(SpeculativeRejection(**sr, memory_fraction=0.5), space) == 5 * gib
+    assert memory_budget(SpeculativeRejection(**sr, memory_budget_mb=100), space) == 100 * 2**20
+    assert memory_budget(SpeculativeRejection(**sr, memory_budget_mb=10**6), space) == 8 * gib
+    monkeypatch.setattr(memory, "host_available_bytes", lambda: None)
     with pytest.raises(ValueError, match="method.memory_budget_mb"):
-        rejection.memory_budget_bytes(SpeculativeRejection(**sr), cpu)
-    assert rejection.memory_budget_bytes(SpeculativeRejection(**sr, memory_budget_mb=2), cpu) == 2 * 2**20
+        memory_budget(SpeculativeRejection(**sr), decoder.kv_space())
+    assert memory_budget(SpeculativeRejection(**sr, memory_budget_mb=2), decoder.kv_space()) == 2 * 2**20
 
 
 def test_host_memory_falls_back_to_sysconf_without_proc_meminfo(monkeypatch):
-    from workers import memory
+    from workers.accounting import memory
 
     assert memory.host_available_bytes() > 0  # MemAvailable
 
@@ -280,11 +286,12 @@ def test_unknown_context_length_warns_once_and_skips_only_that_check(monkeypatch
     import logging
     from types import SimpleNamespace
 
-    import workers.runner as runner_module
+    import workers.engines.hf as hf_module
     from tests.trio_helpers import config
-    from workers.runner import Runner, context_length
+    from workers.actor.runner import Runner
+    from workers.decoding.kvcache import context_length
 
-    load = runner_module.load_causal_lm
+    load = hf_module.load_causal_lm
 
     def without_context(*args, **kwargs):
         loaded = load(*args, **kwargs)
@@ -293,14 +300,14 @@ def test_unknown_context_length_warns_once_and_skips_only_that_check(monkeypatch
         monkeypatch.delattr(type(cfg), "max_position_embeddings", raising=False)  # the class default too
         return loaded
 
-    monkeypatch.setattr(runner_module, "load_causal_lm", without_context)
+    monkeypatch.setattr(hf_module, "load_causal_lm", without_context)
     cfg = config(method={"name": "greedy"}, generation={"max_new_tokens": 12})
-    with caplog.at_level(logging.WARNING, logger="workers.runner"):
+    with caplog.at_level(logging.WARNING, logger="workers.actor.runner"):
         runner = Runner(cfg)
-    assert context_length(runner.target) is None and runner.context is None
-    no_field = SimpleNamespace(config=SimpleNamespace(get_text_config=lambda: SimpleNamespace()))
+    assert context_length(runner.engine.target.config) is None and runner.context is None
+    no_field = SimpleNamespace(get_text_config=lambda: SimpleNamespace())
     assert context_length(no_field) is None
-    warnings = [r.getMessage() for r in caplog.records if r.name == "workers.runner"]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "workers.actor.runner"]
     assert len(warnings) == 1
     assert cfg.models.target in warnings[0] and "not checked against a context length" in warnings[0]
     long_prompt = [{"role": "user", "content": "word " * 3000}]

@@ -58,6 +58,36 @@ def problems_of(package: str, path: Path) -> list[str]:
     return out
 
 
+# Rooms of workers/, lowest first: a module imports only from its own room or a lower one (top-level modules of
+# workers/ are rooms of their own).
+WORKER_ROOMS = {"accounting": 1, "loading": 1, "decoding": 2, "scoring": 3, "candidates": 4, "context": 5, "pool": 6,
+                "engines": 7, "methods": 8, "actor": 9}
+
+
+def worker_room_problems(path: Path) -> list[str]:
+    """Imports of a workers/ module that run back up its rooms."""
+    parts = path.relative_to(ROOT / "workers").with_suffix("").parts
+    if parts[0] == "__init__":
+        return []
+    room = parts[0]
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names = [node.module or ""]
+        else:
+            continue
+        for name in names:
+            bits = name.split(".")
+            if bits[0] != "workers" or len(bits) < 2:
+                continue
+            other = bits[1]
+            if other != room and WORKER_ROOMS.get(other, 99) >= WORKER_ROOMS.get(room, 0):
+                out.append(f"{path.relative_to(ROOT)} ({room}) imports workers.{other}")
+    return out
+
+
 def test_every_import_goes_down():
     problems = [p for package, path in modules() for p in problems_of(package, path)]
     assert problems == []
@@ -73,6 +103,22 @@ def test_the_checker_sees_an_import_running_back_up(tmp_path, monkeypatch):
         "workers/bad.py imports assets; only ['bench', 'jobs', 'pipeline'] may",
         "workers/bad.py (floor 2) imports runfolder (floor 3)",
     ]
+
+
+def test_workers_rooms_import_down():
+    rooms = {p.name if p.is_dir() else p.stem for p in (ROOT / "workers").iterdir()
+             if p.name != "__init__.py" and not p.name.startswith((".", "__"))}
+    assert rooms == set(WORKER_ROOMS), f"a room of workers/ without a place in WORKER_ROOMS: {rooms ^ set(WORKER_ROOMS)}"
+    problems = [p for path in sorted((ROOT / "workers").rglob("*.py")) for p in worker_room_problems(path)]
+    assert problems == []
+
+
+def test_the_rooms_checker_sees_an_import_running_back_up(tmp_path, monkeypatch):
+    fake = tmp_path / "workers" / "decoding" / "bad.py"
+    fake.parent.mkdir(parents=True)
+    fake.write_text("from workers.pool.pool import Pool\nfrom workers.accounting.cost import Meter\n")
+    monkeypatch.setattr(__import__(__name__), "ROOT", tmp_path)
+    assert worker_room_problems(fake) == ["workers/decoding/bad.py (decoding) imports workers.pool"]
 
 
 @pytest.mark.parametrize("package", sorted(FLOORS))

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from tests.trio_helpers import config, demo_items, trio_prompts
-from workers.memory import free_memory_bytes
-from workers.runner import Runner
+from workers.accounting.memory import free_memory_bytes
+from workers.actor.runner import Runner
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -24,30 +24,30 @@ def _runner(dtype: str, **over) -> Runner:
 
 def test_free_memory_is_the_devices_and_the_memory_schedule_uses_it():
     from schemas.methods import SpeculativeRejection
-    from workers.methods.rejection import memory_budget_bytes
+    from workers.pool.schedules import memory_budget
 
     device = torch.device("cuda")
     free = free_memory_bytes(device)
     assert 0 < free <= torch.cuda.get_device_properties(device).total_memory
     params = SpeculativeRejection(name="speculative_rejection", n=8, schedule="memory", memory_fraction=0.5)
-    budget = memory_budget_bytes(params, device)
+    budget = memory_budget(params, free)
     assert 0.3 * free < budget <= 0.5 * torch.cuda.get_device_properties(device).total_memory
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_best_of_n_on_cuda_matches_generate_greedy_and_shares_the_prompt(dtype):
-    from workers.shared_prefix import shares_exactly
+    from workers.decoding.shared_prefix import shares_exactly
 
     runner = _runner(dtype, method={"name": "best_of_n", "n": 3}, generation={"temperature": 0, "max_new_tokens": 24})
-    assert runner.device.type == "cuda"
-    assert shares_exactly(runner.target)  # the probe passes at this dtype's tolerance
+    assert runner.engine.device.type == "cuda"
+    assert shares_exactly(runner.engine.target)  # the probe passes at this dtype's tolerance
     items = demo_items(4)
     rows = runner.run(items)
     prompts = trio_prompts(items)
     agree = 0
     for row, p in zip(rows, prompts):
-        ids = torch.tensor([p.ids], device=runner.device)
-        out = runner.target.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
+        ids = torch.tensor([p.ids], device=runner.engine.device)
+        out = runner.engine.target.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
                                      max_new_tokens=24, pad_token_id=runner.pad_id)
         ref = runner.tokenizer.decode(out[0, len(p.ids):], skip_special_tokens=True).strip()
         agree += all(c["text"] == ref for c in row["candidates"])
@@ -56,13 +56,13 @@ def test_best_of_n_on_cuda_matches_generate_greedy_and_shares_the_prompt(dtype):
 
 
 def test_the_kv_cache_grows_on_the_device():
-    from workers.cost import Meter
-    from workers.engine import Engine
-    from workers.sampling import Warp
+    from workers.accounting.cost import Meter
+    from workers.decoding.target import TargetSampler
+    from workers.decoding.sampling import Warp
 
     runner = _runner("bfloat16")
     prompts = trio_prompts(demo_items(2))
-    engine = Engine(runner.target, runner.pad_id, runner.eos_ids, Warp(1.0), 0, Meter(2))
+    engine = TargetSampler(runner.engine.target, runner.pad_id, runner.eos_ids, Warp(1.0), 0, Meter(2))
     with torch.inference_mode():
         batch = engine.prefill([p.ids for p in prompts], 8, [p.key for p in prompts], [16, 16])
         for _ in range(8):

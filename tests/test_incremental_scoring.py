@@ -1,4 +1,4 @@
-"""Incremental reward scoring (workers.rewards.CachedScoring): a session keeps each candidate's reward-model cache
+"""Incremental reward scoring (workers.scoring.reward_model.CachedScoring): a session keeps each candidate's reward-model cache
 between calls and feeds only what it does not hold, with the scores of whole scoring from scratch."""
 
 from __future__ import annotations
@@ -12,9 +12,11 @@ import pytest
 import torch
 
 from tests.trio_helpers import demo_items, params_of, trio, trio_context, trio_prompts
-from workers.cost import Meter
-from workers.methods import get_method
-from workers.rewards import CachedScoring, Rescoring, RewardModelScorer, Scored
+from workers.accounting.cost import Meter
+from workers.methods import run_method
+from workers.scoring.items import Scored
+from workers.scoring.reward_model import CachedScoring, RewardModelScorer
+from workers.scoring.scorers import Rescoring
 
 # Most reward models' templates render the prompt first; the bundled one renders the response first (its end-of-turn
 # tail then holds the whole prompt), so both shapes are tried.
@@ -148,7 +150,7 @@ def run_sr(scorer, n: int = 16, k: int = 16, prompts: int = 8, alpha: float = 0.
     meter = Meter(len(ps))
     ctx = replace(trio_context(meter), reward=scorer)
     with torch.inference_mode():
-        results = get_method("speculative_rejection")(ctx, params_of(method), ps)
+        results = run_method(ctx, params_of(method), ps)
     generated = sum(len(c.tokens) for r in results for c in r.candidates)
     return results, int(meter.tokens["reward"].sum()), generated
 
@@ -171,7 +173,7 @@ def shared_tokenizer_reward() -> RewardModelScorer:
 
     runner = trio()
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=runner.target.config.vocab_size, hidden_size=64, intermediate_size=128,
+    cfg = LlamaConfig(vocab_size=runner.engine.target.config.vocab_size, hidden_size=64, intermediate_size=128,
                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, num_labels=1,
                       pad_token_id=runner.pad_id, max_position_embeddings=512)
     tok = copy.deepcopy(runner.tokenizer)
@@ -216,7 +218,7 @@ def test_sr_with_alpha_zero_is_best_of_n_with_incremental_scoring():
     ps = trio_prompts(demo_items(4))
     ctx = replace(trio_context(Meter(len(ps))), reward=scorer)
     with torch.inference_mode():
-        bon = get_method("best_of_n")(ctx, params_of({"name": "best_of_n", "n": 8}), ps)
+        bon = run_method(ctx, params_of({"name": "best_of_n", "n": 8}), ps)
     assert any(r.stats["rejection_rounds"] > 0 for r in sr)
     for s, b in zip(sr, bon):
         assert s.best_index == b.best_index
@@ -227,7 +229,7 @@ def test_sr_with_alpha_zero_is_best_of_n_with_incremental_scoring():
 def test_short_memory_splits_batches_and_drops_caches_without_changing_scores(monkeypatch):
     """With no free memory every forward takes one row, and at each release the caches kept are cut to a quarter
     of the session's own bytes: the dropped candidates start from their prompt again, with the same scores."""
-    import workers.rewards as rewards
+    import workers.scoring.reward_model as rewards
 
     scorer = scorer_with(PROMPT_FIRST)
     ref = whole_scorer(scorer)

@@ -8,7 +8,7 @@ import torch
 from transformers.cache_utils import DynamicLayer
 
 from tests.trio_helpers import trio
-from workers.kvcache import MIN_HEADROOM, GrowingLayer, new_cache
+from workers.decoding.kvcache import MIN_HEADROOM, GrowingLayer, new_cache
 
 
 def _kv(b, t, gen, h=2, d=4):
@@ -105,7 +105,7 @@ def test_a_selection_moves_rows_in_place_and_a_crop_copies_nothing():
 
 
 def test_new_cache_uses_growing_layers_for_full_attention():
-    target = trio().target
+    target = trio().engine.target
     cache = new_cache(target.config)
     assert cache.layers and all(isinstance(layer, GrowingLayer) for layer in cache.layers)
     ids = torch.tensor([[5, 6, 7, 8]])

@@ -1,4 +1,4 @@
-"""The memory guard of a batch (workers/runner.py): a batch that would not fit is decoded in groups that do, with the
+"""The memory guard of a batch (workers/engines/hf.py): a batch that would not fit is decoded in groups that do, with the
 same tokens; one prompt that cannot fit alone fails the batch with a message before anything is allocated."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ import pytest
 
 from conftest import job_config, winnow, write_config
 from tests.trio_helpers import config, demo_items
-from workers.runner import BatchTooLarge, Runner, batch_memory_need
+from workers.engines.hf import BatchTooLarge, batch_memory_need
+from workers.actor.runner import Runner
 
 
 def comparable(rows: list[dict]) -> list:
@@ -37,12 +38,14 @@ def test_a_batch_too_large_for_memory_is_split_with_identical_results():
                  resources={"prompts_per_batch": 3})
     items = demo_items(3)
     whole = Runner(cfg)
-    assert len(whole.memory_groups(whole.prepare(items)[0])) == 1  # it fits this machine as one batch
+    prompts = [p for _, p in whole.prepare(items)[0]]
+    assert len(whole.engine.memory_groups(prompts, whole.params)) == 1  # it fits this machine as one batch
     expected = whole.run(items)
     split = Runner(cfg)
     ready, _ = split.prepare(items)
-    split.memory_budget = max(split.memory_need(p) for _, p in ready) + 1  # room for one prompt at a time
-    assert [len(g) for g in split.memory_groups(ready)] == [1, 1, 1]
+    # room for one prompt at a time
+    split.engine.memory_budget = max(split.engine.memory_need(p, split.params) for _, p in ready) + 1
+    assert [len(g) for g in split.engine.memory_groups([p for _, p in ready], split.params)] == [1, 1, 1]
     got = split.run(items)
     assert comparable(got) == comparable(expected)
     assert all(r["cost"]["target_tokens"] > 0 for r in got)
@@ -51,7 +54,7 @@ def test_a_batch_too_large_for_memory_is_split_with_identical_results():
 def test_a_prompt_that_cannot_fit_alone_is_refused_before_it_allocates():
     runner = Runner(config(method={"name": "best_of_n", "n": 65536}, generation={"max_new_tokens": 64}))
     ready, _ = runner.prepare(demo_items(1))
-    runner.memory_budget = runner.memory_need(ready[0][1]) - 1
+    runner.engine.memory_budget = runner.engine.memory_need(ready[0][1], runner.params) - 1
     with pytest.raises(BatchTooLarge) as err:
         runner.run(demo_items(1))
     message = str(err.value)

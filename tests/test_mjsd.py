@@ -10,10 +10,10 @@ import torch
 from tests.test_speculative import (  # noqa: F401  (one_thread is an autouse fixture)
     EOS, PAD, greedy_reference, one_thread, pair, run, toy_context, toy_prompts,
 )
-from workers.cost import Meter
+from workers.accounting.cost import Meter
 from workers.methods.mjsd import beam_draft, likelihood_warp, mjsd_accept
-from workers.sampling import Warp, warp_probs
-from workers.speculative import DecodeTally, open_batch
+from workers.decoding.sampling import Warp, warp_probs
+from workers.decoding.speculative import DecodeTally, open_batch
 
 
 def test_tau_one_is_the_targets_greedy_decoding():

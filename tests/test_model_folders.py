@@ -13,7 +13,7 @@ from conftest import job_config, write_config
 from jobs import generate
 from pipeline.preflight import model_problems
 from schemas.config import validate_config
-from workers.checkpoints import CAUSAL_LM, REWARD, model_folder_problem, model_folder_problems
+from stores.model_folders import CAUSAL_LM, REWARD, model_folder_problem, model_folder_problems
 
 
 def model(tmp_path, name: str, config: dict | str | None, files=("model.safetensors", "tokenizer.json")):

@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from lexical import concept_coverage, covered
-from workers.cost import Meter
-from workers.rewards import LexicalScorer, PythonScorer, Scored, token_budget_batches
+from workers.accounting.cost import Meter
+from workers.scoring.items import Scored, token_budget_batches
+from workers.scoring.scorers import LexicalScorer, PythonScorer
 
 
 def test_token_budget_batches_respect_the_budget():
@@ -58,7 +59,7 @@ def test_python_reward_imports_and_checks_its_function():
 
 def test_model_reward_renders_with_its_own_template_and_batches():
     from tests.trio_helpers import config
-    from workers.runner import Runner
+    from workers.actor.runner import Runner
 
     runner = Runner(config())
     scorer = runner.reward
@@ -86,7 +87,7 @@ def test_a_reward_input_longer_than_the_context_is_scored_on_its_end_and_counted
     """No silent cut: the input keeps its last max_len tokens (the response's end), and each cut is counted for its
     prompt (stats.reward_inputs_truncated); inputs that fit are untouched."""
     from tests.trio_helpers import config
-    from workers.runner import Runner
+    from workers.actor.runner import Runner
 
     scorer = Runner(config()).reward
     long_text = " ".join(["the dog runs in the field ."] * 12)
@@ -105,7 +106,7 @@ def test_a_reward_input_longer_than_the_context_is_scored_on_its_end_and_counted
 
 def test_rows_say_how_many_reward_inputs_were_cut_only_for_a_reward_model():
     from tests.trio_helpers import config, demo_items
-    from workers.runner import Runner
+    from workers.actor.runner import Runner
 
     model = Runner(config(method={"name": "best_of_n", "n": 2}, generation={"max_new_tokens": 8}))
     lexical = Runner(config(method={"name": "best_of_n", "n": 2}, generation={"max_new_tokens": 8},
@@ -116,7 +117,7 @@ def test_rows_say_how_many_reward_inputs_were_cut_only_for_a_reward_model():
 
 def test_logprob_reward_is_the_mean_token_logprob():
     from tests.trio_helpers import config
-    from workers.runner import Runner
+    from workers.actor.runner import Runner
 
     runner = Runner(config(models={"reward": {"kind": "logprob"}}))
     prompt = runner.encode_prompt([{"role": "user", "content": "hello"}])
@@ -124,7 +125,7 @@ def test_logprob_reward_is_the_mean_token_logprob():
     it = Scored(0, [{"role": "user", "content": "hello"}], "the dog runs .", prompt, resp)
     got = runner.reward([it, it], Meter(1))
     with torch.inference_mode():
-        logits = runner.target(torch.tensor([prompt + resp])).logits[0].float()
+        logits = runner.engine.target(torch.tensor([prompt + resp])).logits[0].float()
     lp = torch.log_softmax(logits, -1)
     ref = sum(lp[len(prompt) - 1 + i, t].item() for i, t in enumerate(resp)) / len(resp)
     assert got[0] == pytest.approx(ref, abs=1e-4) and got[1] == pytest.approx(ref, abs=1e-4)
@@ -132,7 +133,7 @@ def test_logprob_reward_is_the_mean_token_logprob():
 
 def test_model_reward_shares_the_prompt_prefix_and_scores_as_if_whole():
     from tests.trio_helpers import config
-    from workers.runner import Runner
+    from workers.actor.runner import Runner
 
     bundled = Runner(config()).reward
     assert bundled.shares_prefix  # the bundled reward model is causal and takes a cache
@@ -166,8 +167,8 @@ def test_prefix_sharing_probe_refuses_a_bidirectional_reward_model():
     from transformers import BertConfig, BertForSequenceClassification
 
     from tests.trio_helpers import config
-    from workers.rewards import prefix_sharing_is_exact
-    from workers.runner import Runner
+    from workers.scoring.reward_model import prefix_sharing_is_exact
+    from workers.actor.runner import Runner
 
     torch.manual_seed(0)
     bert = BertForSequenceClassification(BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2,

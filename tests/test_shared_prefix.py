@@ -9,12 +9,12 @@ import copy
 import pytest
 import torch
 
-import workers.engine as eng
-import workers.shared_prefix as sp
+import workers.decoding.shared_prefix as sp
 from tests.trio_helpers import demo_items, trio, trio_prompts
-from workers.cost import Meter
-from workers.engine import Engine, forward
-from workers.sampling import Warp
+from workers.accounting.cost import Meter
+from workers.decoding.batch import forward
+from workers.decoding.target import TargetSampler
+from workers.decoding.sampling import Warp
 
 
 @pytest.fixture(scope="module")
@@ -30,8 +30,8 @@ def _decode(prompts, shared: bool, monkeypatch):
     runner = trio()
     monkeypatch.setattr(sp, "SHARE_MIN_BYTES", 0)  # the tiny trio's prompts are below the size worth sharing
     if not shared:
-        monkeypatch.setattr(eng, "share", lambda *a: None)
-    engine = Engine(runner.target, runner.pad_id, runner.eos_ids, Warp(1.0), 0, Meter(len(prompts)))
+        monkeypatch.setattr("workers.decoding.target.share", lambda *a: None)
+    engine = TargetSampler(runner.engine.target, runner.pad_id, runner.eos_ids, Warp(1.0), 0, Meter(len(prompts)))
     longest = max(range(len(prompts)), key=lambda i: len(prompts[i].ids))
     logits = []
     with torch.inference_mode():
@@ -44,7 +44,7 @@ def _decode(prompts, shared: bool, monkeypatch):
                 batch.select(torch.tensor(keep))
                 assert batch.kv_columns() < width  # the longest prompt's columns were holes for the rest: trimmed
             batch.mask = torch.cat([batch.mask, batch.mask.new_ones(batch.size, 1)], 1)
-            out = forward(runner.target, "target", batch.pending[:, None], batch.mask, batch.cache, batch.group,
+            out = forward(runner.engine.target, "target", batch.pending[:, None], batch.mask, batch.cache, batch.group,
                           engine.meter)[:, -1]
             logits.append(out)
             engine._sample_into(batch, out)
@@ -63,14 +63,14 @@ def test_shared_prefix_gives_the_repeated_caches_logits_through_selection_and_tr
     with torch.inference_mode():
         for r in range(sb.size):
             seq = prompts[int(sb.group[r])].ids + sb.tokens[r, : int(sb.length[r]) - 1].tolist()
-            ref = runner.target(torch.tensor([seq])).logits[0, -1].float()
+            ref = runner.engine.target(torch.tensor([seq])).logits[0, -1].float()
             torch.testing.assert_close(shared[-1][r], ref, atol=1e-4, rtol=1e-4)
 
 
 def test_the_prompts_cache_is_held_once(prompts, monkeypatch):
     monkeypatch.setattr(sp, "SHARE_MIN_BYTES", 0)
     runner = trio()
-    engine = Engine(runner.target, runner.pad_id, runner.eos_ids, Warp(1.0), 0, Meter(len(prompts)))
+    engine = TargetSampler(runner.engine.target, runner.pad_id, runner.eos_ids, Warp(1.0), 0, Meter(len(prompts)))
     with torch.inference_mode():
         batch = engine.prefill([p.ids for p in prompts], 16, [p.key for p in prompts], [8] * len(prompts))
         engine.step(batch)
@@ -80,7 +80,7 @@ def test_the_prompts_cache_is_held_once(prompts, monkeypatch):
 
 
 def test_the_probe_refuses_what_it_cannot_share_exactly(monkeypatch):
-    target = trio().target
+    target = trio().engine.target
     other = copy.deepcopy(target)
     other.config._attn_implementation = "eager"
     assert sp._probe(other) is False
@@ -100,7 +100,7 @@ def test_sharing_is_kept_for_caches_worth_it():
     assert not sp.worth_sharing(22, 16, 1024)  # 352 KiB: the repeated copies cost less than the extra products
     assert not sp.worth_sharing(4096, 1, kv)  # one candidate has nothing to share
     runner = trio()
-    engine = Engine(runner.target, runner.pad_id, runner.eos_ids, Warp(1.0), 0, Meter(1))
+    engine = TargetSampler(runner.engine.target, runner.pad_id, runner.eos_ids, Warp(1.0), 0, Meter(1))
     p = trio_prompts(demo_items(1))[0]
     with torch.inference_mode():
         batch = engine.prefill([p.ids], 16, [p.key], [8])

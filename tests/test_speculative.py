@@ -16,12 +16,15 @@ from scipy import stats
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from schemas.config import GenerationConfig
+from schemas.methods import Sampling
 from tests.trio_helpers import params_of
-from workers.cost import Meter
-from workers.methods import METHODS
-from workers.methods.common import Context, PoolSampler, PromptInput
-from workers.sampling import Warp, prompt_key, warp_probs
-from workers.speculative import SpeculativeEngine, Side, emit, fork_cache, pack, ragged_cat, right_align, take
+from workers.accounting.cost import Meter
+from workers.candidates import PromptInput
+from workers.context import Context
+from workers.decoding.kvcache import fork_cache, pack
+from workers.decoding.sampling import Warp, prompt_key, warp_probs
+from workers.decoding.speculative import SpeculativeSampler, Side, emit, ragged_cat, right_align, take
+from workers.methods import run_method
 
 EOS = 1
 PAD = 0
@@ -88,8 +91,8 @@ def toy_context(target, draft, generation: dict | None = None, reward=None, num_
                 seed: int = 0) -> Context:
     """A Context on a toy pair: `generation` as the config's section (sampling warp and pool sampler)."""
     g = GenerationConfig(**(generation or {}))
-    return Context(target, ToyTokenizer(), draft, reward, Meter(num_prompts), Warp(g.temperature, g.top_k, g.top_p),
-                   seed, [EOS], PAD, PoolSampler(g.sampler, g.gamma))
+    return Context(ToyTokenizer(), [EOS], PAD, reward, Meter(num_prompts),
+                   Sampling(g.temperature, g.top_p, g.top_k, g.sampler, g.gamma), seed, target=target, draft=draft)
 
 
 def toy_prompts(count: int, vocab: int, limit: int, seed: int = 0, lo: int = 3, hi: int = 12) -> list[PromptInput]:
@@ -106,7 +109,7 @@ def toy_prompts(count: int, vocab: int, limit: int, seed: int = 0, lo: int = 3, 
 def run(method: dict, ctx: Context, prompts: list[PromptInput]):
     """Run a method from its own parameters (a dict such as {"name": "mjsd", "tau": 1.0})."""
     with torch.inference_mode():
-        return METHODS[method["name"]](ctx, params_of(method), prompts)
+        return run_method(ctx, params_of(method), prompts)
 
 
 def greedy_reference(model, prompt: list[int], limit: int) -> list[int]:
@@ -203,7 +206,7 @@ def test_greedy_equality_holds_for_short_and_long_drafts(gamma):
 
 def sample_batch(target, draft, prompt, n, warp, gamma, limit, seed=0):
     with torch.inference_mode():
-        engine = SpeculativeEngine(target, draft, gamma, PAD, [EOS], warp, seed, Meter(1))
+        engine = SpeculativeSampler(target, draft, gamma, PAD, [EOS], warp, seed, Meter(1))
         batch = engine.prefill([prompt], n, [prompt_key("chi")], [limit])
         while not bool(engine.done(batch).all()):
             engine.step(batch)
@@ -295,7 +298,7 @@ def test_both_caches_stay_exact_after_steps_and_sequence_selection():
     target, draft = pair()
     prompts = toy_prompts(4, 48, 30, seed=9)
     with torch.inference_mode():
-        engine = SpeculativeEngine(target, draft, 4, PAD, [EOS], Warp(1.0), 0, Meter(4))
+        engine = SpeculativeSampler(target, draft, 4, PAD, [EOS], Warp(1.0), 0, Meter(4))
         batch = engine.prefill([p.ids for p in prompts], 3, [p.key for p in prompts], [30] * 4)
         for _ in range(4):
             engine.step(batch)
@@ -351,7 +354,7 @@ def test_commit_keeps_the_longest_agreeing_run_and_crops_common_holes():
 
 
 def test_emit_cuts_after_eos_and_at_the_limit():
-    from workers.engine import Batch
+    from workers.decoding.batch import Batch
 
     batch = Batch(cache=None, mask=torch.zeros(3, 1), pending=torch.tensor([2, 2, 2]), group=torch.arange(3),
                 cand=torch.zeros(3, dtype=torch.long), key=torch.zeros(3, dtype=torch.long),
@@ -390,7 +393,7 @@ def test_ragged_helpers():
 
 def test_trio_greedy_speculative_decoding_is_the_targets_greedy_decoding():
     from tests.trio_helpers import config, demo_items, run_method, run_trio, tokens_of
-    from workers.runner import Runner
+    from workers.actor.runner import Runner
 
     items = demo_items(8)
     gen = {"temperature": 0, "max_new_tokens": 40}
@@ -404,19 +407,19 @@ def test_trio_greedy_speculative_decoding_is_the_targets_greedy_decoding():
     p, res = prompts[0], sd[0]
     ids = torch.tensor([p.ids])
     with torch.inference_mode():
-        ref = sd_runner.target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=40, do_sample=False,
+        ref = sd_runner.engine.target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=40, do_sample=False,
                                         eos_token_id=sd_runner.eos_ids, pad_token_id=sd_runner.pad_id)
     assert res.candidates[0].tokens == ref[0, len(p.ids):].tolist()
 
 
 def test_trio_speculative_rejection_with_the_speculative_sampler():
     from tests.trio_helpers import config, demo_items, run_method
-    from workers.runner import Runner
+    from workers.actor.runner import Runner
 
     cfg = config(method={"name": "speculative_rejection", "n": 8, "alpha": 0.5, "schedule": "fixed",
                          "every_k_tokens": 6}, generation={"sampler": "speculative", "gamma": 3, "max_new_tokens": 32})
     runner = Runner(cfg)
-    assert runner.draft is not None
+    assert runner.engine.draft is not None
     _, results, meter = run_method(runner, demo_items(3))
     for res in results:
         assert any(c.finish_reason == "rejected" for c in res.candidates) and res.stats["rejection_rounds"] > 0

@@ -1,8 +1,8 @@
-"""The `vllm` engine (models.engine: vllm, workers/vllm_engine.py) on the CPU build of vLLM, on the bundled trio.
+"""The `vllm` engine (models.engine: vllm, workers/engines/vllm.py) on the CPU build of vLLM, on the bundled trio.
 
 Skipped where vLLM cannot be imported, unless WINNOW_REQUIRE_VLLM=1 (CI sets it): then its absence fails. One engine
 serves every in-process test (`engine`, module-scoped; other methods and settings share it through
-`VllmRunner.sharing_engine`), since starting one takes seconds.
+`Runner(config, share=...)`), since starting one takes seconds.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ if not HAVE_VLLM:
                            "(.ci/run)")
     pytest.skip(f"vLLM is not installed ({WHY})", allow_module_level=True)
 
-from workers.runner import Runner  # noqa: E402
-from workers.vllm_engine import VllmRunner, candidate_seed, modules_hidden, unscannable_modules  # noqa: E402
+from workers.actor.runner import Runner  # noqa: E402
+from workers.engines.vllm import candidate_seed, modules_hidden, unscannable_modules  # noqa: E402
 
 MODELS = {"engine": "vllm", "vllm_kv_cache_mb": 64}
 SR = {"name": "speculative_rejection", "n": 8, "alpha": 0.5, "schedule": "fixed", "every_k_tokens": 8}
@@ -55,11 +55,11 @@ def engine(hf_greedy_rows):
     # with this process's threads set to one (as tests before this module leave them, e.g. the benches'), the
     # engine must still run: its loop thread builds it, so the attention kernels see the threads it was built with
     torch.set_num_threads(1)
-    return VllmRunner(vconfig(method=SR))
+    return Runner(vconfig(method=SR))
 
 
-def runner(engine, **over) -> VllmRunner:
-    return engine.sharing_engine(vconfig(**over))
+def runner(engine, **over) -> Runner:
+    return Runner(vconfig(**over), share=engine)
 
 
 def same_candidates(a: dict, b: dict, rewards: bool = True) -> None:
@@ -105,7 +105,7 @@ def test_speculative_rejection_with_alpha_0_is_best_of_n(engine):
 def test_rejected_requests_stop_at_their_decision_token(engine):
     """A rejected candidate's tokens stop at the decision that rejected it, on the client and in the engine core
     (counted where the core hands its outputs over), and nothing is left in the scheduler or the KV cache."""
-    core = engine.engine.engine_core
+    core = engine.engine.llm.engine_core
     produced: dict[str, int] = {}
     get_output = core.get_output
 
@@ -138,7 +138,7 @@ def test_rejected_requests_stop_at_their_decision_token(engine):
         assert row["stats"]["finished_candidates"] < 8
         assert row["stats"]["perplexity"] > 1
     assert rejected > 0
-    assert not engine.engine.has_unfinished_requests()
+    assert not engine.engine.llm.has_unfinished_requests()
     scheduler = core.engine_core.scheduler  # the in-process core's (private): every block back in the free pool
     pool = scheduler.kv_cache_manager.block_pool
     assert not scheduler.requests and pool.get_num_free_blocks() == pool.num_gpu_blocks - 1  # less the null block

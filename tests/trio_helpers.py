@@ -17,14 +17,14 @@ from pydantic import TypeAdapter
 import assets
 from pipeline.preflight import resolved
 from schemas.config import GenerationConfig, JobConfig, validate_config
-from schemas.methods import Method
-from workers.cost import Meter
-from workers.methods import get_method
-from workers.methods.common import Context, PoolSampler, PromptInput
+from schemas.methods import Method, Sampling
+from workers.accounting.cost import Meter
+from workers.actor.runner import Runner
+from workers.candidates import PromptInput
+from workers.context import Context
+from workers.methods import run_method as method_results
 from workers.methods.measures import add_measures
-from workers.rewards import LexicalScorer
-from workers.runner import Runner
-from workers.sampling import Warp
+from workers.scoring.scorers import LexicalScorer
 
 BASE = {
     "name": "test",
@@ -71,7 +71,7 @@ def run_method(runner: Runner, items: list[dict]):
     meter = Meter(len(prompts))
     ctx = runner.context_for(meter)
     with torch.inference_mode():
-        results = runner.method(ctx, runner.config.method, prompts)
+        results = method_results(ctx, runner.params, prompts)
         add_measures(ctx, prompts, results)
     return prompts, results, meter
 
@@ -92,8 +92,7 @@ def trio_context(meter: Meter, generation: dict | None = None, seed: int = 0, re
     'lexical' (concept coverage)."""
     g = GenerationConfig(**merge(BASE["generation"], generation or {}))
     ctx = trio().context_for(meter)
-    return replace(ctx, warp=Warp(g.temperature, g.top_k, g.top_p), seed=seed,
-                   pool_sampler=PoolSampler(g.sampler, g.gamma),
+    return replace(ctx, sampling=Sampling(g.temperature, g.top_p, g.top_k, g.sampler, g.gamma), seed=seed,
                    reward={"model": ctx.reward, "lexical": LexicalScorer()}[reward])
 
 
@@ -111,7 +110,7 @@ def run_trio(method: dict, items: list[dict], generation: dict | None = None, se
     meter = Meter(len(prompts))
     ctx = trio_context(meter, generation, seed, reward)
     with torch.inference_mode():
-        results = get_method(method["name"])(ctx, params_of(method), prompts)
+        results = method_results(ctx, params_of(method), prompts)
         add_measures(ctx, prompts, results)
     return prompts, results, meter
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from workers.checkpoints import CAUSAL_LM, REWARD, model_folder_problem
+from stores.model_folders import CAUSAL_LM, REWARD, model_folder_problem
 
 
 class ModelPathError(ValueError):
@@ -19,7 +19,7 @@ class ModelPathError(ValueError):
 
 def local_model_folder(location: str, field: str, role: str | None = None) -> Path:
     """A checked model folder on this machine: a local path as given, an s3:// (or other fsspec) prefix copied to a
-    local cache first, and checked for `role` (workers.checkpoints). `field` names the config field (e.g.
+    local cache first, and checked for `role` (stores.model_folders). `field` names the config field (e.g.
     "models.target") in error messages. `builtin:` names are resolved by the driver before a config reaches the
     workers (`pipeline.preflight.resolved`)."""
     if location.startswith("builtin:"):
@@ -74,19 +74,14 @@ def pick_dtype(setting: str, device: torch.device, checkpoint_dtype: torch.dtype
     return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
 
 
-def _checkpoint_dtype(path: Path) -> torch.dtype | None:
+def checkpoint_dtype(path: Path) -> torch.dtype | None:
+    """The dtype a checkpoint's config.json names (dtype, torch_dtype, or its text config's), or None."""
     try:
         cfg = json.loads((path / "config.json").read_text())
     except (OSError, json.JSONDecodeError):
         return None
     name = cfg.get("dtype") or cfg.get("torch_dtype") or (cfg.get("text_config") or {}).get("dtype")
     return getattr(torch, name, None) if isinstance(name, str) else None
-
-
-def context_length(model) -> int | None:
-    """The model's context in tokens (max_position_embeddings), or None when its config does not say."""
-    value = getattr(model.config.get_text_config(), "max_position_embeddings", None)
-    return int(value) if value else None
 
 
 @dataclass
@@ -100,8 +95,8 @@ def load_causal_lm(spec: str, field: str, device: torch.device, dtype_setting: s
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = local_model_folder(spec, field, CAUSAL_LM)
-    dtype = pick_dtype(dtype_setting, device, _checkpoint_dtype(path))
-    with _remote_code_guard(field, trust_remote_code):
+    dtype = pick_dtype(dtype_setting, device, checkpoint_dtype(path))
+    with remote_code_guard(field, trust_remote_code):
         tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=trust_remote_code)
     model.to(device).eval()
@@ -112,8 +107,8 @@ def load_reward_model(spec: str, field: str, device: torch.device, dtype_setting
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     path = local_model_folder(spec, field, REWARD)
-    dtype = pick_dtype(dtype_setting, device, _checkpoint_dtype(path))
-    with _remote_code_guard(field, trust_remote_code):
+    dtype = pick_dtype(dtype_setting, device, checkpoint_dtype(path))
+    with remote_code_guard(field, trust_remote_code):
         tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
         model = AutoModelForSequenceClassification.from_pretrained(
             path, dtype=dtype, trust_remote_code=trust_remote_code
@@ -130,7 +125,7 @@ def load_reward_model(spec: str, field: str, device: torch.device, dtype_setting
     return Loaded(model, tok, path)
 
 
-class _remote_code_guard:
+class remote_code_guard:
     """Turns transformers' "requires trust_remote_code" refusal into an error naming the config field."""
 
     def __init__(self, field: str, allowed: bool):

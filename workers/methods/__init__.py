@@ -1,27 +1,31 @@
-"""Method name -> function(ctx, params, prompts) -> list[MethodResult], one result per prompt, in order; `params` is
-the method's own section of the config (schemas.methods).
+"""Running a method on the hf engine's loaded models, from its parameters: `run_method(ctx, params, prompts) ->
+list[MethodResult]`, one result per prompt, in order; `params` is the method's own section of the config (a class
+of schemas.methods).
 
-The quality measures of workers.methods.measures (constraint satisfaction when the prompt has concepts, perplexity
-of the returned response under the target) are not part of a method: the Runner adds them to every result after it
-has closed the batch's cost window, so their forward is not billed.
+A candidate-pool method (the `pool` ability: best_of_n, speculative_rejection, greedy, nucleus,
+speculative_decoding) is decoded by `workers.pool` on an `HfDecoder`, its prompts all started together (the actor
+runs them through its decoding loop instead, `workers.pool.loop`). The others are functions of this package, one
+entry each in `OWN_LOOP`: beam search, MJSD, CDSL and its CDLH baselines.
+
+The quality measures of `workers.methods.measures` (constraint satisfaction when the prompt has concepts, perplexity
+of the returned response under the target) are not part of a method: they are added after the batch's cost window
+has closed, so their forward is not billed.
 """
 
 from __future__ import annotations
 
-from workers.methods.baselines import greedy, greedy_plan, nucleus, nucleus_plan
+from workers.candidates import MethodResult, PromptInput
+from workers.context import Context
+from workers.engines.hf import HfDecoder
 from workers.methods.beam import beam
 from workers.methods.cdsl import cdlh, cdlh_appx, cdsl
 from workers.methods.mjsd import mjsd
-from workers.methods.rejection import best_of_n, best_of_n_plan, speculative_rejection, speculative_rejection_plan
-from workers.methods.speculative import speculative_decoding
+from workers.pool.pool import Pool, decode
 
-METHODS = {
-    "best_of_n": best_of_n,
-    "speculative_rejection": speculative_rejection,
-    "greedy": greedy,
-    "nucleus": nucleus,
+# The methods that decode with a loop of their own (not a candidate pool), by name: fn(ctx, params, prompts) ->
+# list[MethodResult].
+OWN_LOOP = {
     "beam": beam,
-    "speculative_decoding": speculative_decoding,
     "mjsd": mjsd,
     "cdsl": cdsl,
     "cdlh": cdlh,
@@ -29,18 +33,14 @@ METHODS = {
 }
 
 
-# The candidate-pool methods as plans (workers.methods.rejection.PoolPlan): what a decoding loop that prompts join
-# over many actor calls runs (workers.feed).
-POOL_PLANS = {
-    "best_of_n": best_of_n_plan,
-    "speculative_rejection": speculative_rejection_plan,
-    "greedy": greedy_plan,
-    "nucleus": nucleus_plan,
-}
-
-
-def get_method(name: str):
+def run_method(ctx: Context, params, prompts: list[PromptInput]) -> list[MethodResult]:
+    """The method of `params` on `prompts`, decoded as one batch on the hf engine's models in `ctx` (with the
+    method's own sampling, `Context.for_method`)."""
+    ctx = ctx.for_method(params)
+    if params.pool:
+        return decode(Pool.for_method(ctx, HfDecoder(ctx, params.candidates()), params), prompts)
     try:
-        return METHODS[name]
+        run = OWN_LOOP[params.name]
     except KeyError:
-        raise NotImplementedError(f"method.name: {name!r} has no implementation in workers.methods") from None
+        raise NotImplementedError(f"method.name: {params.name!r} has no implementation in workers.methods") from None
+    return run(ctx, params, prompts)

@@ -19,10 +19,11 @@ from __future__ import annotations
 import torch
 
 from schemas.methods import Beam
-from workers.engine import left_pad
-from workers.kvcache import new_cache
-from workers.methods.common import Candidate, Context, MethodResult, PromptInput
-from workers.speculative import DecodeTally, Side
+from workers.decoding.batch import left_pad
+from workers.decoding.kvcache import new_cache
+from workers.candidates import Candidate, MethodResult, PromptInput
+from workers.context import Context
+from workers.decoding.speculative import DecodeTally, Side
 
 NEG = -1.0e9  # the score of an empty slot, as in transformers
 

@@ -33,11 +33,12 @@ from __future__ import annotations
 import torch
 
 from schemas.methods import CDLH, CDSL, CDLHAppx
-from workers.cost import Meter
-from workers.methods.common import Context, MethodResult, PromptInput
-from workers.methods.speculative import decode_batch, finish, score_sequences
-from workers.sampling import STREAM_ACCEPT, STREAM_DRAFT, Warp, sample, uniforms, warp_probs
-from workers.speculative import DecodeTally, Side, SpecBatch, emit, ragged_cat, room
+from workers.accounting.cost import Meter
+from workers.candidates import MethodResult, PromptInput
+from workers.context import Context
+from workers.methods.draft_target import decode_batch, finish, score_sequences
+from workers.decoding.sampling import STREAM_ACCEPT, STREAM_DRAFT, Warp, sample, uniforms, warp_probs
+from workers.decoding.speculative import DecodeTally, Side, SpecBatch, emit, ragged_cat, room
 
 S1, S2, S3, S4 = 1, 2, 3, 4
 

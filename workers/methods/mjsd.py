@@ -28,11 +28,12 @@ import math
 import torch
 
 from schemas.methods import MJSD
-from workers.cost import Meter
-from workers.methods.common import Context, MethodResult, PromptInput
-from workers.methods.speculative import decode_batch, finish
-from workers.sampling import STREAM_TOKEN, Warp, sample, uniforms, warp_probs
-from workers.speculative import (
+from workers.accounting.cost import Meter
+from workers.candidates import MethodResult, PromptInput
+from workers.context import Context
+from workers.methods.draft_target import decode_batch, finish
+from workers.decoding.sampling import STREAM_TOKEN, Warp, sample, uniforms, warp_probs
+from workers.decoding.speculative import (
     STREAM_BEAM, DecodeTally, Side, SpecBatch, commit_block, ragged_cat, room,
 )
 

@@ -1,7 +1,7 @@
 """Whether a location is a Hugging Face model folder for its role, checked from its files without loading anything.
 
 The one check of a model folder: the driver runs it on every model of a config before Ray starts
-(`pipeline.preflight`), and the workers run it again just before loading (`workers.loading`), where an s3:// model
+(`pipeline.preflight`), and the workers run it again just before loading (`workers.actor.loading`), where an s3:// model
 has become a local copy. Locations are plain paths or fsspec URLs; `builtin:` names are resolved before this layer.
 Stays free of torch and transformers (config.json is read with json, files are listed with fsspec), so the driver's
 checks are quick.

@@ -1,8 +1,8 @@
-"""Speculative decoding as a method (one response per prompt), and the loop helpers of the draft/target methods.
+"""The loop of the draft/target methods that steer one response per prompt (MJSD, CDSL, CDLH): open a batch of one
+sequence per prompt on the target (and the draft), step it until every sequence has finished, score and finish.
 
-`speculative_decoding` is a pool of one candidate per prompt decoded by the speculative sampler
-(workers.speculative.SpeculativeEngine) with `method.gamma` drafted tokens per target call: the target's own
-distribution (its greedy decoding at temperature 0) with fewer target calls.
+(Speculative decoding itself is a candidate pool of one candidate per prompt, sampled by the speculative sampler:
+`workers.pool`, `workers.decoding.speculative.SpeculativeSampler`.)
 """
 
 from __future__ import annotations
@@ -11,20 +11,9 @@ from typing import Callable
 
 import torch
 
-from schemas.methods import SpeculativeDecoding
-from workers.methods.common import Candidate, Context, MethodResult, PromptInput
-from workers.methods.rejection import NoDecisions, run_pool
-from workers.methods.samplers import make_sampler
-from workers.speculative import DecodeTally, SpecBatch, open_batch
-
-
-def speculative_decoding(ctx: Context, params: SpeculativeDecoding, prompts: list[PromptInput]) -> list[MethodResult]:
-    if ctx.draft is None:
-        raise ValueError("models.draft: required by method 'speculative_decoding'")
-    results = run_pool(ctx, prompts, 1, 0.0, NoDecisions(), make_sampler(ctx, "speculative", params.gamma))
-    for r in results:
-        r.best_index = 0
-    return results
+from workers.candidates import Candidate, MethodResult, PromptInput
+from workers.context import Context
+from workers.decoding.speculative import DecodeTally, SpecBatch, open_batch
 
 
 def eos_tensor(ctx: Context) -> torch.Tensor:

@@ -5,7 +5,7 @@ A batched forward serves several prompts at once; it counts as one forward call 
 in it, and each prompt is charged the real (unmasked) tokens of its own sequences. Device seconds of a batch are
 shared among its prompts in proportion to the target tokens they caused, so they sum to the batch's device time.
 
-A meter also serves a decoding loop that prompts join and leave over an actor's life (`workers.feed`): prompts are
+A meter also serves a decoding loop that prompts join and leave over an actor's life (`workers.pool.loop`): prompts are
 numbered on, `grow` adds room for the next ones and `retire` forgets the oldest once they are done, so the meter
 holds only a window of prompt numbers (`base` is the first). There each stretch of work is charged as it ends
 (`tick`): its seconds are shared among the prompts by the tokens they caused in it, so the device seconds of all the
@@ -49,6 +49,17 @@ class Meter:
         g, new_tokens = self._index(group, new_tokens)
         self.tokens[role] += torch.bincount(g, weights=new_tokens.cpu().double(), minlength=self.num_prompts).long()
         self.forwards[role] += (torch.bincount(g, minlength=self.num_prompts) > 0).long()
+
+    def settle(self, role: str, group: int, tokens: int) -> None:
+        """Correct prompt `group`'s count of `role` tokens by `tokens`, where an engine counts a step's work before
+        its outputs come and settles the count once they do (`workers.engines.vllm`): the count changes, the time
+        already charged does not, and the correction is no new work for the next `tick`."""
+        i = group - self.base
+        if not tokens or i < 0:
+            return
+        self.tokens[role][i] += tokens
+        if self._charged is not None:
+            self._charged[i] += tokens
 
     def count_truncated(self, group: torch.Tensor) -> None:
         """Reward inputs of prompts `group` [B] (one entry per input) that were cut to the reward model's context."""

@@ -1,7 +1,7 @@
 """Batched speculative decoding (Leviathan et al.; docs/references.md), and the two-cache bookkeeping every
 draft/target method shares.
 
-Terms (a *sequence* is one line of a decoding batch; see workers.engine for groups, pending tokens and holes):
+Terms (a *sequence* is one line of a decoding batch; see workers.decoding.batch for groups, pending tokens and holes):
 - drafted tokens d_1..d_gamma: proposed by the draft, d_i sampled from q_i, the draft's warped distribution at
   that position (its argmax at temperature 0);
 - accepted: a drafted token that passes u_i < p_i(d_i) / q_i(d_i), u_i uniform, i.e. probability min(1, p/q);
@@ -28,23 +28,22 @@ in that model's *backlog*, tokens[n_in : length - 1], and is fed right-aligned (
 When holes pile up, `pack` moves each sequence's real columns together: keys carry their rotary positions already, so
 moving a column changes nothing.
 
-Randomness is counter-based (workers.sampling): a draw is a function of (seed, prompt, candidate, response position,
+Randomness is counter-based (workers.decoding.sampling): a draw is a function of (seed, prompt, candidate, response position,
 stream), so a sequence's tokens do not depend on the sequences batched with it.
 """
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, fields
 
 import torch
 from transformers import DynamicCache
 
-from workers.cost import Meter
-from workers.engine import Batch, kv_bytes_per_token, left_pad, next_tokens, position_ids
-from workers.kvcache import new_cache, plain_columns
-from workers.sampling import (
-    STREAM_ACCEPT, STREAM_DRAFT, STREAM_RESIDUAL, STREAM_TOKEN, Warp, sample, uniforms, warp_probs,
+from workers.accounting.cost import Meter
+from workers.decoding.batch import Batch, left_pad, position_ids
+from workers.decoding.kvcache import crop_right, fork_cache, model_kv_bytes, new_cache, pack, pack_threshold
+from workers.decoding.sampling import (
+    STREAM_ACCEPT, STREAM_DRAFT, STREAM_RESIDUAL, STREAM_TOKEN, Warp, next_tokens, sample, uniforms, warp_probs,
 )
 
 # workers.sampling uses streams 0-3 of its 8; MJSD's beam sampling draws its Gumbel noise from stream 4.
@@ -92,63 +91,6 @@ def right_align(seq: torch.Tensor, start: torch.Tensor, stop: torch.Tensor) -> t
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Caches: fork, crop, pack
-
-
-def fork_cache(cache: DynamicCache, idx: torch.Tensor) -> DynamicCache:
-    """A new cache holding copies of sequences `idx` of `cache` (which is left untouched)."""
-    new = copy.copy(cache)
-    new.layers = []
-    for layer in cache.layers:
-        twin = copy.copy(layer)
-        if getattr(layer, "is_initialized", False) and layer.keys is not None and layer.keys.numel():
-            twin.keys = layer.keys[idx]
-            twin.values = layer.values[idx]
-        new.layers.append(twin)
-    return new
-
-
-def crop_right(cache: DynamicCache, mask: torch.Tensor) -> torch.Tensor:
-    """Crop the trailing columns that are holes in every sequence; returns the new mask."""
-    if mask.shape[0] == 0 or mask.shape[1] == 0:
-        return mask
-    real_cols = mask.bool().any(0)  # [L]
-    last = int(real_cols.nonzero().max()) + 1 if bool(real_cols.any()) else 0
-    n = mask.shape[1] - last
-    if n > 0:  # crop(0) empties the cache on some versions; a positive crop raises on 5.x
-        cache.crop(-n)
-        mask = mask[:, :last]
-    return mask
-
-
-def pack(cache: DynamicCache, mask: torch.Tensor, min_holes: int = 1) -> torch.Tensor:
-    """Move each sequence's real columns to the right end, in order, once `min_holes` columns or more could go; returns
-    the new (left-padded) mask. Exact: keys already carry their rotary positions and position ids count only real
-    columns. Caches with non-dynamic layers (sliding windows) are left as they are."""
-    width = mask.shape[1]
-    if mask.shape[0] == 0 or width == 0:
-        return mask
-    need = int(mask.sum(-1).max())
-    if width - need < max(min_holes, 1):
-        return mask
-    if not plain_columns(cache):
-        return mask
-    order = torch.sort(mask, dim=-1, stable=True).indices[:, width - need:]  # [B, need] holes first, then real
-    for layer in cache.layers:
-        if getattr(layer, "is_initialized", False) and layer.keys is not None and layer.keys.numel():
-            b, h, _, dk = layer.keys.shape
-            idx = order[:, None, :, None].expand(b, h, need, dk)
-            layer.keys = layer.keys.gather(2, idx)
-            layer.values = layer.values.gather(2, idx.expand(b, h, need, layer.values.shape[-1]))
-    return mask.gather(1, order)
-
-
-def pack_threshold(width: int) -> int:
-    """Holes worth a pack: a quarter of the width, at least 16 columns (a pack copies the whole cache)."""
-    return max(16, width // 4)
-
-
-# ---------------------------------------------------------------------------------------------------------------
 # Per-prompt counters
 
 
@@ -163,6 +105,13 @@ class DecodeTally:
     def __init__(self, num_groups: int):
         self.c = {k: torch.zeros(num_groups, dtype=torch.long) for k in self.KEYS}
         self.states = torch.zeros(num_groups, 4, dtype=torch.long)
+
+    def grow(self, num_groups: int) -> None:
+        """Room for groups up to num_groups - 1 (prompts that join a pool later)."""
+        extra = num_groups - self.states.shape[0]
+        if extra > 0:
+            self.c = {k: torch.cat([v, v.new_zeros(extra)]) for k, v in self.c.items()}
+            self.states = torch.cat([self.states, self.states.new_zeros(extra, 4)])
 
     def add(self, key: str, group: torch.Tensor, values: torch.Tensor) -> None:
         self.c[key].index_add_(0, group.cpu(), values.cpu().long())
@@ -460,10 +409,10 @@ def recovered_or_bonus(
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The speculative sampler (same interface as workers.engine.Engine)
+# The speculative sampler (the interface of workers.decoding.target.TargetSampler)
 
 
-class SpeculativeEngine:
+class SpeculativeSampler:
     """Draft proposes gamma tokens per sequence, target verifies them in one forward: samples from the target's own
     (warped) distribution, with fewer target calls."""
 
@@ -483,20 +432,23 @@ class SpeculativeEngine:
         self.eos = torch.tensor(sorted(set(eos_ids)), dtype=torch.long, device=self.device)
         self.warp, self.seed, self.meter = warp, seed, meter
         self.columns_per_step = gamma + 1  # the most columns a step appends to either cache
-        self.kv_bytes_per_column = kv_bytes_per_token(target) + kv_bytes_per_token(draft)
+        self.kv_bytes_per_column = model_kv_bytes(target) + model_kv_bytes(draft)
         self.tally: DecodeTally | None = None
 
     def stats(self, group: int) -> dict:
         return self.tally.stats(group) if self.tally is not None else {}
 
-    def prefill(self, prompts: list[list[int]], n: int, keys: list[int], limits: list[int]) -> SpecBatch:
+    def prefill(self, prompts: list[list[int]], n: int, keys: list[int], limits: list[int], first_group: int = 0
+                ) -> SpecBatch:
         """Prefill each prompt once in both models, repeat n times, sample every sequence's first token from the
-        target."""
+        target. The prompts are groups first_group, first_group + 1, ... (the tally keeps every group's counts)."""
         dev = self.device
         p = len(prompts)
-        self.tally = DecodeTally(p)
+        if self.tally is None:
+            self.tally = DecodeTally(first_group + p)
+        self.tally.grow(first_group + p)
         ids, mask = left_pad(prompts, self.pad_id, dev)  # [P, L]
-        groups = torch.arange(p, device=dev)
+        groups = torch.arange(p, device=dev) + first_group
         zeros = torch.zeros(p, dtype=torch.long, device=dev)
 
         t = Side(self.target, "target", new_cache(self.target.config), mask.new_zeros(p, 0), zeros)

@@ -4,15 +4,17 @@ log p(token) is the chosen token's logit minus the log-sum-exp over the vocabula
 log-sum-exp a few positions at a time keeps the float32 working set at O(B x T) plus one chunk, where a
 `log_softmax` over [B, T, V] would copy every logit (gigabytes at a 150k-token vocabulary). Sequences are left
 padded, so every response ends at the last column and the model is asked only for the logits of the response
-positions (`logits_to_keep`). Used by the `logprob` reward (`workers.rewards.LogprobScorer`) and by the perplexity
-measure (`workers.methods.measures`).
+positions (`logits_to_keep`). Used by the `logprob` reward (`workers.scoring.scorers.LogprobScorer`) and by the perplexity
+measure (`perplexities`).
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from workers.engine import left_pad, position_ids
+from workers.decoding.batch import left_pad, position_ids
 
 # Most float32 elements a log-sum-exp over the vocabulary works on at once (64 MiB).
 LOGSUMEXP_ELEMENTS = 1 << 24
@@ -44,3 +46,18 @@ def response_logprobs(model: torch.nn.Module, pad_id: int, prompts: list[list[in
                    logits_to_keep=n_max + 1).logits  # [B, n_max + 1, V]; column j predicts token L - n_max + j
     logp = token_logprobs(logits[:, :-1], ids[:, -n_max:]).cpu()  # [B, n_max]
     return [logp[i, n_max - len(r):] for i, r in enumerate(responses)], mask.sum(-1).cpu()
+
+
+@torch.inference_mode()
+def perplexities(model: torch.nn.Module, pad_id: int, prompts: list[list[int]], responses: list[list[int]],
+                 batch_size: int = 16) -> list[float | None]:
+    """Perplexity of each response given its prompt under `model` (temperature 1): exp of the mean negative
+    log-likelihood of its tokens; None for an empty response."""
+    out: list[float | None] = [None] * len(prompts)
+    todo = [i for i, r in enumerate(responses) if r]
+    for s in range(0, len(todo), batch_size):
+        chunk = todo[s : s + batch_size]
+        logps, _ = response_logprobs(model, pad_id, [prompts[i] for i in chunk], [responses[i] for i in chunk])
+        for i, logp in zip(chunk, logps):
+            out[i] = math.exp(-float(logp.double().mean()))
+    return out

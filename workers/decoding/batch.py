@@ -1,4 +1,4 @@
-"""A batched decoding engine on transformers' Cache API.
+"""The decoding batch: the sequences of one model's decoding, their KV cache and mask, and the counted forward.
 
 Terms used throughout:
 - a *sequence* is one line of a decoding batch: of the KV cache, of the attention mask and of ``tokens`` (a
@@ -10,10 +10,11 @@ Terms used throughout:
   draft position. Holes are never attended to; position ids count only real columns.
 (The glossary, docs/glossary.md, defines prompt, candidate, sequence, finished and rejected for the whole project.)
 
-Each prompt is prefilled once and its cache shared by its candidates (`workers.shared_prefix`; repeated across them,
-``batch_repeat_interleave``, for a model where sharing is not exact); the KV cache grows in place
-(`workers.kvcache`); finished and rejected sequences leave the cache by selection (``batch_select_indices``), never
-by a new prefill; prompts may join a batch while it decodes (`Batch.extend`, continuous batching).
+The samplers (`workers.decoding.target`, `workers.decoding.speculative`) prefill each prompt once and share its cache
+across its candidates (`workers.decoding.shared_prefix`; repeated across them, ``batch_repeat_interleave``, for a
+model where sharing is not exact); the KV cache grows in place (`workers.decoding.kvcache`); finished and rejected
+sequences leave the cache by selection (``batch_select_indices``), never by a new prefill; prompts may join a batch
+while it decodes (`Batch.extend`, continuous batching).
 """
 
 from __future__ import annotations
@@ -23,10 +24,9 @@ from dataclasses import dataclass, fields
 import torch
 from transformers import DynamicCache
 
-from workers.cost import Meter
-from workers.kvcache import join_caches, new_cache, plain_columns
-from workers.sampling import STREAM_TOKEN, Warp, next_tokens, uniforms
-from workers.shared_prefix import SharedPrefixCache, share, shared_forward
+from workers.accounting.cost import Meter
+from workers.decoding.kvcache import drop_left, join_caches
+from workers.decoding.shared_prefix import SharedPrefixCache, shared_forward
 
 
 def position_ids(mask: torch.Tensor) -> torch.Tensor:
@@ -104,13 +104,8 @@ class Batch:
         first = int(real.float().argmax())
         if isinstance(self.cache, SharedPrefixCache):
             first = self.cache.drop_left(first)  # the holes of the prompts' own columns
-        elif not plain_columns(self.cache):
+        elif not drop_left(self.cache, first):
             return  # sliding-window and other layer kinds keep their own column bookkeeping
-        else:
-            for layer in self.cache.layers:
-                if getattr(layer, "is_initialized", False) and layer.keys is not None and layer.keys.numel():
-                    layer.keys = layer.keys[..., first:, :]
-                    layer.values = layer.values[..., first:, :]
         self.mask = self.mask[:, first:]
 
     def extend(self, other: Batch, pad_id: int) -> None:
@@ -170,93 +165,3 @@ def left_pad(prompts: list[list[int]], pad_id: int, device: torch.device) -> tup
             ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
             mask[i, width - len(p):] = 1
     return ids.to(device), mask.to(device)
-
-
-class Engine:
-    """Target-only batched sampling: prefill once per prompt, one token per sequence per step."""
-
-    role = "target"
-    columns_per_step = 1  # KV columns a step adds to every sequence
-    admits = True  # prompts may join a batch while it decodes (`Batch.extend`)
-
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        pad_id: int,
-        eos_ids: list[int],
-        warp: Warp,
-        seed: int,
-        meter: Meter,
-    ):
-        self.model = model
-        self.device = next(model.parameters()).device
-        self.pad_id = pad_id
-        self.eos = torch.tensor(sorted(set(eos_ids)), dtype=torch.long, device=self.device)
-        self.warp = warp
-        self.seed = seed
-        self.meter = meter
-        self.kv_bytes_per_column = kv_bytes_per_token(model)
-
-    def stats(self, group: int) -> dict:
-        """Method-specific measurements of one prompt (none for plain sampling)."""
-        return {}
-
-    # -- prefill -----------------------------------------------------------------------------------------------
-    def prefill(
-        self, prompts: list[list[int]], n: int, keys: list[int], limits: list[int], first_group: int = 0
-    ) -> Batch:
-        """Prefill each prompt once, share (or repeat) its cache across its n candidates, and sample every
-        sequence's first token. The prompts are groups first_group, first_group + 1, ... of the batch."""
-        dev = self.device
-        ids, mask = left_pad(prompts, self.pad_id, dev)  # [P, L]
-        local = torch.arange(len(prompts), device=dev)
-        groups = local + first_group
-        cache = new_cache(self.model.config)
-        logits = forward(self.model, self.role, ids, mask, cache, groups, self.meter)[:, -1]  # [P, V]
-        # the prompt's cache held once for its candidates, where that is exact and worth it
-        shared = share(self.model, cache, local.repeat_interleave(n), self.kv_bytes_per_column)
-        if shared is None:
-            cache.batch_repeat_interleave(n)
-        batch = Batch(
-            cache=shared if shared is not None else cache,
-            mask=mask.repeat_interleave(n, 0),
-            pending=torch.zeros(len(prompts) * n, dtype=torch.long, device=dev),
-            group=groups.repeat_interleave(n),
-            cand=torch.arange(n, device=dev).repeat(len(prompts)),
-            key=torch.tensor(keys, dtype=torch.long, device=dev).repeat_interleave(n),
-            length=torch.zeros(len(prompts) * n, dtype=torch.long, device=dev),
-            limit=torch.tensor(limits, dtype=torch.long, device=dev).repeat_interleave(n),
-            tokens=torch.full((len(prompts) * n, max(limits)), self.pad_id, dtype=torch.long, device=dev),
-            alive=torch.ones(len(prompts) * n, dtype=torch.bool, device=dev),
-        )
-        self._sample_into(batch, logits.repeat_interleave(n, 0))
-        return batch
-
-    # -- decode --------------------------------------------------------------------------------------------------
-    def step(self, batch: Batch) -> None:
-        """Feed every sequence's pending token and sample its next one."""
-        batch.mask = torch.cat([batch.mask, batch.mask.new_ones(batch.size, 1)], dim=1)  # [B, L+1]
-        logits = forward(self.model, self.role, batch.pending[:, None], batch.mask, batch.cache, batch.group,
-                         self.meter)
-        self._sample_into(batch, logits[:, -1])
-
-    def _sample_into(self, batch: Batch, logits: torch.Tensor) -> None:
-        u = uniforms(self.seed, batch.key, batch.cand, batch.length, STREAM_TOKEN)
-        batch.append_pending(next_tokens(logits, self.warp, u))
-
-    def done(self, batch: Batch) -> torch.Tensor:
-        """[B] bool: alive sequences whose last token is EOS or that reached their limit."""
-        return batch.alive & (torch.isin(batch.pending, self.eos) | (batch.length >= batch.limit))
-
-    def is_eos(self, tok: torch.Tensor) -> torch.Tensor:
-        return torch.isin(tok, self.eos)
-
-
-def kv_bytes_per_token(model: torch.nn.Module) -> int:
-    """KV-cache bytes one token of one sequence costs: 2 x layers x kv_heads x head_dim x dtype bytes."""
-    cfg = model.config.get_text_config()
-    heads = cfg.num_attention_heads
-    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-    dtype_bytes = next(model.parameters()).element_size()
-    return 2 * cfg.num_hidden_layers * kv_heads * head_dim * dtype_bytes

@@ -10,7 +10,6 @@ import os
 
 import torch
 
-
 def host_available_bytes() -> int | None:
     """Memory the host can still give (MemAvailable of /proc/meminfo, else sysconf's available pages), or None."""
     try:

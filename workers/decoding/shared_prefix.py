@@ -4,7 +4,7 @@ After the prefill, each of a prompt's n candidates needs the prompt's keys and v
 (`batch_repeat_interleave`) costs n copies of the prompt's cache (574 MB of an 862 MB cache for 64 candidates of a
 255-token prompt) and, at every step, attention reads every copy. A `SharedPrefixCache` keeps each prompt's cache
 once ([P, H, Lp, D], the *prefix*) and, per sequence, only the columns decoded after it (the *suffix*, in the
-in-place storage of `workers.kvcache.GrowingLayer`). `prefix_attention` computes softmax(q K^T) V over prefix +
+in-place storage of `workers.decoding.kvcache.GrowingLayer`). `prefix_attention` computes softmax(q K^T) V over prefix +
 suffix in one softmax: the prefix's scores of all of a prompt's sequences come from one matrix product with the
 prompt's keys (the candidates' queries stacked), the suffix's from the usual per-sequence product. Sequences are
 kept in runs of one prompt (the engine's batches are prompt-major), so a prompt's sequences are a slice.
@@ -27,7 +27,7 @@ from transformers import AttentionInterface, DynamicCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from workers.kvcache import GrowingLayer, new_cache, plain_columns
+from workers.decoding.kvcache import GrowingLayer, new_cache, plain_columns
 
 log = logging.getLogger(__name__)
 

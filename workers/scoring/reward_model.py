@@ -1,100 +1,37 @@
-"""Reward scoring of partial and full responses.
+"""A sequence-classification reward model: whole scoring (`RewardModelScorer`) and incremental scoring of candidates
+that grow (`CachedScoring`, a session that keeps each candidate's reward-model KV cache between calls).
 
-Every scorer takes a list of `Scored` items (one response each, partial or finished) and returns one float per
-item. The reward model usually has its own tokenizer and chat template, so a response is decoded to text with the
-target tokenizer, then rendered as prompt + assistant turn with the reward tokenizer's template and tokenised again.
 Model-based scoring is batched under a token budget (rows x padded length), shortest first, sized from the device's
 free memory and capped by `models.reward.batch_tokens`; a causal reward model encodes the prompt its candidates
-share once (see RewardModelScorer).
-
-A method that scores the same candidates again and again as they grow (Speculative Rejection's decisions) scores
-through a *session* (`RewardModelScorer.session`, or `Rescoring` for the other scorers): with a causal reward model
-the session keeps each candidate's reward-model KV cache between calls and feeds only the tokens its cache does not
-hold (see CachedScoring).
+share once. A method that scores the same candidates again and again as they grow (Speculative Rejection's
+decisions) scores through a *session* (`RewardModelScorer.session`): with a causal reward model the session keeps
+each candidate's cache and feeds only the tokens its cache does not hold.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 import math
 import os
 from collections import defaultdict
-from dataclasses import dataclass
-from typing import Callable, Hashable, Sequence
+from typing import Hashable, NamedTuple, Sequence
 
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from lexical import concept_coverage
-from workers.cost import Meter
-from workers.loading import context_length
-from workers.logprobs import response_logprobs
-from workers.memory import device_free_bytes
+from workers.accounting.cost import Meter
+from workers.accounting.memory import device_free_bytes
+from workers.decoding.kvcache import context_length, fork_cache, layers_of, model_kv_bytes, pack, stack_caches
+from workers.scoring.items import Scored, last_real, render, right_padded, shared_prefix, token_budget_batches
+from workers.scoring.scorers import Rescoring
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Scored:
-    group: int  # prompt index within the batch (for cost accounting)
-    prompt: list[dict]  # chat messages
-    text: str  # the response decoded with the target tokenizer, special tokens removed
-    prompt_ids: list[int]  # the rendered prompt under the target tokenizer
-    response_ids: list[int]  # the response tokens under the target tokenizer
-    concepts: list[str] | None = None
-
-
-def render(tokenizer, messages: list[dict], add_generation_prompt: bool) -> str:
-    """Messages to text with the tokenizer's chat template, or their contents joined by newlines without one."""
-    if getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
-    return "\n".join(m["content"] for m in messages)
-
-
-def token_budget_batches(lengths: list[int], budget: int) -> list[list[int]]:
-    """Indices grouped so that len(batch) x longest <= budget (a single over-long item forms its own batch)."""
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    batches: list[list[int]] = []
-    cur: list[int] = []
-    for i in order:
-        if cur and (len(cur) + 1) * lengths[i] > budget:
-            batches.append(cur)
-            cur = []
-        cur.append(i)
-    if cur:
-        batches.append(cur)
-    return batches
-
-
-def shared_prefix(seqs: list[list[int]], pad_id: int | None) -> int:
-    """Leading tokens every sequence shares, short enough that each keeps its last non-pad token after them (the
-    token a sequence-classification head reads)."""
-    common = len(os.path.commonprefix(seqs))
-    last_real = min(max((i for i, t in enumerate(s) if t != pad_id), default=0) for s in seqs)
-    return min(common, last_real)
-
-
-def right_padded(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    for r, s in enumerate(seqs):
-        ids[r, : len(s)] = torch.tensor(s, dtype=torch.long)
-        mask[r, : len(s)] = 1
-    return ids, mask
-
 
 SCORING_MEMORY_FRACTION = 0.5  # of the device's free memory, for the transient tensors of one scoring forward
 CACHE_MEMORY_FRACTION = 0.25  # of the device's free memory (a session's own caches counted as free), for the caches
 # a session keeps between calls; rows past it are dropped and scored from their prompt again at their next call
 
-
-def last_real(ids: list[int], pad_id: int | None) -> int:
-    """Index of the token a sequence-classification head reads: the last one that is not `pad_id` (transformers
-    looks for the rightmost non-pad token of input_ids), 0 if there is none."""
-    return max((i for i, t in enumerate(ids) if t != pad_id), default=0)
 
 
 class RewardModelScorer:
@@ -120,14 +57,14 @@ class RewardModelScorer:
         self.model, self.tok, self.batch_tokens = model, tokenizer, batch_tokens
         self.device = next(model.parameters()).device
         self.dtype_bytes = next(model.parameters()).element_size()
-        self.max_len = context_length(model)
+        self.max_len = context_length(model.config)
         if self.max_len is None:
             log.warning("models.reward.path: the reward model's config has no max_position_embeddings, so reward "
                         "inputs are not cut to a context length")
         self.role = meter_role
         self.pad = self.tok.pad_token_id
         self.head_pad = model.config.get_text_config().pad_token_id  # the id the classification head skips
-        self.kv_bytes_per_token = config_kv_bytes(model)  # replaced by the cache's own, measured by the probe
+        self.kv_bytes_per_token = model_kv_bytes(model)  # replaced by the cache's own, measured by the probe
         self.shares_prefix = prefix_sharing_is_exact(model, self.pad)
         self.incremental = self.shares_prefix and incremental_is_exact(self)
         log.info("reward model %s", "keeps each candidate's cache between calls" if self.incremental else
@@ -218,15 +155,6 @@ class RewardModelScorer:
         return out
 
 
-def config_kv_bytes(model) -> int:
-    """KV-cache bytes per token from the model config: 2 x layers x kv_heads x head_dim x dtype bytes."""
-    cfg = model.config.get_text_config()
-    heads = cfg.num_attention_heads
-    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-    return 2 * cfg.num_hidden_layers * kv_heads * head_dim * next(model.parameters()).element_size()
-
-
 def score_with_prefix(model, pad_id: int, prefix: list[int], suffixes: list[list[int]],
                       device: torch.device) -> tuple[list[float], torch.Tensor]:
     """Scores of prefix + each suffix, the prefix encoded once and its cache repeated over the suffixes (right
@@ -298,34 +226,29 @@ def incremental_is_exact(scorer: RewardModelScorer) -> bool:
     return _close(got, whole, model)
 
 
-class Rescoring:
-    """A session that scores every call afresh with `score(items) -> list[float]` (scorers that keep no state)."""
+class Feed(NamedTuple):
+    """What a call does with one held row: keep its first `kept` tokens (the rest become holes) and feed the rest of
+    item `item`'s encoding."""
 
-    def __init__(self, score: Callable[[list[Scored]], list]):
-        self._score = score
-
-    def score(self, keys: Sequence[Hashable], items: list[Scored], final: Sequence[bool] | None = None) -> list:
-        return self._score(items) if items else []
-
-    @torch.inference_mode()
-    def release(self, keys: Sequence[Hashable]) -> None:
-        pass
+    kept: int
+    item: int
 
 
-class _Rows:
+class RowCaches:
     """Reward-model caches of some scored sequences, one row each, that one forward serves.
 
     Row r holds its tokens `ids[r]` in `cache` at the columns that `mask` [r, C] marks 1, in order; the 0 columns
     are holes (columns fed for other rows, or held tokens dropped because the row's encoding changed there). Holes
     are never attended to and position ids count only real columns, so a row's cache is that of its tokens alone.
-    `scores[r]` is the score of `ids[r]`; `plan[r]` is (tokens kept, item index) while a call feeds row r."""
+    `scores[r]` is the score of `ids[r]`; `plan[r]` is the row's `Feed` while a call feeds it (None otherwise)."""
 
-    def __init__(self, cache: DynamicCache | None, mask: torch.Tensor, keys: list, groups: list[int],
+    def __init__(self, config, cache: DynamicCache | None, mask: torch.Tensor, keys: list, groups: list[int],
                  ids: list[list[int]], scores: list[float | None]):
+        self.config = config  # the reward model's, for new caches
         self.cache = cache  # None while the rows hold no column
         self.mask = mask  # [R, C] long
         self.keys, self.groups, self.ids, self.scores = keys, groups, ids, scores
-        self.plan: list[tuple[int, int] | None] = [None] * len(keys)
+        self.plan: list[Feed | None] = [None] * len(keys)
 
     @property
     def size(self) -> int:
@@ -335,70 +258,30 @@ class _Rows:
     def width(self) -> int:
         return int(self.mask.shape[1])
 
-    def layers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        return [] if self.cache is None else [(layer.keys, layer.values) for layer in self.cache.layers]
-
     def nbytes(self) -> int:
-        return sum(k.nbytes + v.nbytes for k, v in self.layers())
+        return sum(k.nbytes + v.nbytes for k, v in layers_of(self.cache))
 
+    def take(self, idx: list[int]) -> "RowCaches":
+        """Rows `idx` (repeats allowed), copied, their plans included."""
+        t = torch.tensor(idx, dtype=torch.long, device=self.mask.device)
+        cache = fork_cache(self.cache, t) if self.cache is not None else None
+        out = RowCaches(self.config, cache, self.mask.index_select(0, t), [self.keys[i] for i in idx],
+                        [self.groups[i] for i in idx], [list(self.ids[i]) for i in idx], [self.scores[i] for i in idx])
+        out.plan = [self.plan[i] for i in idx]
+        return out
 
-def _cache_from(model, layers: list[tuple[torch.Tensor, torch.Tensor]]) -> DynamicCache | None:
-    """A DynamicCache holding each layer's (keys, values) [R, H, C, D]; None for no layers or no columns."""
-    if not layers or layers[0][0].shape[-2] == 0:
-        return None
-    cache = DynamicCache(config=model.config)
-    for i, (k, v) in enumerate(layers):
-        cache.update(k, v, i)
-    return cache
-
-
-def _take(model, rows: _Rows, idx: list[int]) -> _Rows:
-    """Rows `idx` of `rows` (repeats allowed), copied, their plans included."""
-    t = torch.tensor(idx, dtype=torch.long, device=rows.mask.device)
-    layers = [(k.index_select(0, t), v.index_select(0, t)) for k, v in rows.layers()]
-    out = _Rows(_cache_from(model, layers), rows.mask.index_select(0, t), [rows.keys[i] for i in idx],
-                [rows.groups[i] for i in idx], [list(rows.ids[i]) for i in idx], [rows.scores[i] for i in idx])
-    out.plan = [rows.plan[i] for i in idx]
-    return out
-
-
-def _join(model, parts: list[_Rows]) -> _Rows:
-    """Parts stacked into one, the narrower ones padded on the left with holes."""
-    width = max(p.width for p in parts)
-    template = next((p.layers() for p in parts if p.cache is not None), [])
-    layers = []
-    for li, (k0, v0) in enumerate(template):
-        ks, vs = [], []
-        for p in parts:
-            if p.cache is None:
-                ks.append(k0.new_zeros(p.size, k0.shape[1], width, k0.shape[3]))
-                vs.append(v0.new_zeros(p.size, v0.shape[1], width, v0.shape[3]))
-            else:
-                k, v = p.layers()[li]
-                ks.append(torch.nn.functional.pad(k, (0, 0, width - p.width, 0)))
-                vs.append(torch.nn.functional.pad(v, (0, 0, width - p.width, 0)))
-        layers.append((torch.cat(ks), torch.cat(vs)))
-    mask = torch.cat([torch.nn.functional.pad(p.mask, (width - p.width, 0)) for p in parts])
-    out = _Rows(_cache_from(model, layers), mask, [k for p in parts for k in p.keys],
-                [g for p in parts for g in p.groups], [i for p in parts for i in p.ids],
-                [s for p in parts for s in p.scores])
-    out.plan = [x for p in parts for x in p.plan]
-    return out
-
-
-def _pack(model, rows: _Rows) -> _Rows:
-    """The rows without their holes: each row's real columns, in order, right-aligned in the fewest columns."""
-    width = int(rows.mask.sum(1).max()) if rows.size else 0
-    if width == rows.width:
-        return rows
-    idx = torch.sort(rows.mask, dim=1, stable=True).indices[:, rows.width - width:]  # [R, W]: holes first, kept order
-    layers = []
-    for k, v in rows.layers():
-        at = idx[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[3])
-        layers.append((k.gather(2, at), v.gather(2, at)))
-    out = _Rows(_cache_from(model, layers), rows.mask.gather(1, idx), rows.keys, rows.groups, rows.ids, rows.scores)
-    out.plan = rows.plan
-    return out
+    @staticmethod
+    def stack(parts: list["RowCaches"]) -> "RowCaches":
+        """Parts stacked into one, the narrower ones padded on the left with holes."""
+        width = max(p.width for p in parts)
+        cache = stack_caches(parts[0].config, [p.cache for p in parts], [p.size for p in parts],
+                             [p.width for p in parts])
+        mask = torch.cat([torch.nn.functional.pad(p.mask, (width - p.width, 0)) for p in parts])
+        out = RowCaches(parts[0].config, cache, mask, [k for p in parts for k in p.keys],
+                        [g for p in parts for g in p.groups], [i for p in parts for i in p.ids],
+                        [s for p in parts for s in p.scores])
+        out.plan = [f for p in parts for f in p.plan]
+        return out
 
 
 class CachedScoring:
@@ -416,7 +299,7 @@ class CachedScoring:
 
     New tokens are right-aligned in each forward, so every row's last column is its last token (what the head
     reads); the shorter rows' holes sit before their new tokens. Rows that one forward serves share one cache
-    (`_Rows`); a call takes the rows it scores out of a cache that also holds rows it does not (a decision for some
+    (`RowCaches`); a call takes the rows it scores out of a cache that also holds rows it does not (a decision for some
     prompts only), so that no row is fed hole columns for nothing, joins small caches and splits large ones to keep
     each forward within the memory budget (`RewardModelScorer.tokens_budget`, the cached columns counted), and
     packs out holes once they pass
@@ -431,7 +314,7 @@ class CachedScoring:
 
     def __init__(self, scorer: RewardModelScorer, meter: Meter):
         self.s, self.meter = scorer, meter
-        self.parts: list[_Rows] = []
+        self.parts: list[RowCaches] = []
         self.leaving: set = set()  # keys to drop at the next release (final, or cut to the context)
         self.warned = False
 
@@ -478,9 +361,9 @@ class CachedScoring:
             if not stay:
                 continue
             if len(stay) < p.size:
-                p = _take(self.s.model, p, stay)
+                p = p.take(stay)
             if p.width and float(p.mask.sum()) < (1 - self.PACK_FRACTION) * p.size * p.width:
-                p = _pack(self.s.model, p)
+                p.mask = pack(p.cache, p.mask)
             parts.append(p)
         self.parts = parts
         free = device_free_bytes(self.s.device)
@@ -514,55 +397,55 @@ class CachedScoring:
             if p.ids[r] == ids and p.scores[r] is not None:
                 out[i] = p.scores[r]
                 continue
-            keep = min(len(os.path.commonprefix([p.ids[r], ids])), last_real(ids, self.s.head_pad))
-            p.plan[r] = (keep, i)
+            kept = min(len(os.path.commonprefix([p.ids[r], ids])), last_real(ids, self.s.head_pad))
+            p.plan[r] = Feed(kept, i)
         self._feed_held(encoded, free, out)
         self._feed_fresh(keys, groups, encoded, final, fresh, free, out)
         return out
 
-    def _new_tokens(self, p: _Rows, encoded: list[list[int]]) -> int:
-        return max((len(encoded[x[1]]) - x[0] for x in p.plan if x is not None), default=0)
+    def _new_tokens(self, p: RowCaches, encoded: list[list[int]]) -> int:
+        return max((len(encoded[f.item]) - f.kept for f in p.plan if f is not None), default=0)
 
-    def _fits(self, parts: list[_Rows], encoded: list[list[int]], free: int | None) -> bool:
+    def _fits(self, parts: list[RowCaches], encoded: list[list[int]], free: int | None) -> bool:
         new = max(self._new_tokens(p, encoded) for p in parts)
         rows = sum(p.size for p in parts)
         return rows * new <= self.s.tokens_budget(free, new, max(p.width for p in parts))
 
     def _feed_held(self, encoded: list[list[int]], free: int | None, out: list[float]) -> None:
         """Feed the held rows planned this call: small caches joined, large ones split, to fit the budget."""
-        busy: list[_Rows] = []
-        idle: list[_Rows] = []
+        fed_now: list[RowCaches] = []  # caches whose every row is fed this call
+        kept_apart: list[RowCaches] = []  # caches none of whose rows is
         for p in self.parts:
-            planned = [r for r, x in enumerate(p.plan) if x is not None]
+            planned = [r for r, f in enumerate(p.plan) if f is not None]
             if not planned:
-                idle.append(p)
+                kept_apart.append(p)
             elif len(planned) == p.size:
-                busy.append(p)
+                fed_now.append(p)
             else:  # a call for some of its rows (e.g. one prompt's decision): the others wait apart, unfed
-                idle.append(_take(self.s.model, p, [r for r, x in enumerate(p.plan) if x is None]))
-                busy.append(_take(self.s.model, p, planned))
-        if not busy:
+                kept_apart.append(p.take([r for r, f in enumerate(p.plan) if f is None]))
+                fed_now.append(p.take(planned))
+        if not fed_now:
             return
-        batches: list[list[_Rows]] = []
-        for p in busy:
+        batches: list[list[RowCaches]] = []
+        for p in fed_now:
             if batches and self._fits(batches[-1] + [p], encoded, free):
                 batches[-1].append(p)
             else:
                 batches.append([p])
         fed = []
         for b in batches:
-            joined = _join(self.s.model, b) if len(b) > 1 else b[0]
+            joined = RowCaches.stack(b) if len(b) > 1 else b[0]
             for piece in self._split(joined, encoded, free):
                 self._forward(piece, encoded, out)
                 fed.append(piece)
-        self.parts = idle + fed
+        self.parts = kept_apart + fed
 
-    def _split(self, p: _Rows, encoded: list[list[int]], free: int | None) -> list[_Rows]:
+    def _split(self, p: RowCaches, encoded: list[list[int]], free: int | None) -> list[RowCaches]:
         if self._fits([p], encoded, free):
             return [p]
-        lengths = [len(encoded[x[1]]) - x[0] if x is not None else 1 for x in p.plan]
+        lengths = [len(encoded[f.item]) - f.kept if f is not None else 1 for f in p.plan]
         budget = self.s.tokens_budget(free, max(lengths), p.width)
-        return [_take(self.s.model, p, rows) for rows in token_budget_batches(lengths, budget)]
+        return [p.take(rows) for rows in token_budget_batches(lengths, budget)]
 
     def _feed_fresh(self, keys: list, groups: list[int], encoded: list[list[int]], final: list[bool],
                     fresh: dict[int, list[int]], free: int | None, out: list[float]) -> None:
@@ -570,7 +453,6 @@ class CachedScoring:
         its items, in batches within the budget."""
         if not fresh:
             return
-        model = self.s.model
         seeds, shared_of = {}, {}
         for g, idx in fresh.items():
             shared = shared_prefix([encoded[i] for i in idx], self.s.head_pad) if len(idx) > 1 else 0
@@ -585,33 +467,34 @@ class CachedScoring:
                 by_group[groups[items[b]]].append(items[b])
             parts = []
             for g, idx in by_group.items():
-                part = _take(model, seeds[g], [0] * len(idx))
+                part = seeds[g].take([0] * len(idx))
                 part.keys, part.groups = [keys[i] for i in idx], [g] * len(idx)
-                part.plan = [(shared_of[g], i) for i in idx]
+                part.plan = [Feed(shared_of[g], i) for i in idx]
                 parts.append(part)
-            rows = _join(model, parts) if len(parts) > 1 else parts[0]
+            rows = RowCaches.stack(parts) if len(parts) > 1 else parts[0]
             self._forward(rows, encoded, out)
             if not all(final[i] for i in (items[b] for b in batch)):
                 self.parts.append(rows)
 
-    def _seed(self, group: int, prefix: list[int]) -> _Rows:
+    def _seed(self, group: int, prefix: list[int]) -> RowCaches:
         """One row holding `prefix` (encoded now, and counted), or nothing when it is empty."""
-        device = self.s.device
+        device, config = self.s.device, self.s.model.config
         if not prefix:
-            return _Rows(None, torch.zeros((1, 0), dtype=torch.long, device=device), [None], [group], [[]], [None])
-        cache = DynamicCache(config=self.s.model.config)
+            return RowCaches(config, None, torch.zeros((1, 0), dtype=torch.long, device=device), [None], [group], [[]],
+                             [None])
+        cache = DynamicCache(config=config)
         ids = torch.tensor([prefix], dtype=torch.long, device=device)
         self.s.model(input_ids=ids, attention_mask=torch.ones_like(ids), past_key_values=cache, use_cache=True)
         self.meter.count_forward(self.s.role, torch.tensor([group]), torch.tensor([len(prefix)]))
-        return _Rows(cache, torch.ones_like(ids), [None], [group], [list(prefix)], [None])
+        return RowCaches(config, cache, torch.ones_like(ids), [None], [group], [list(prefix)], [None])
 
-    def _forward(self, p: _Rows, encoded: list[list[int]], out: list[float]) -> None:
+    def _forward(self, p: RowCaches, encoded: list[list[int]], out: list[float]) -> None:
         """Feed each planned row of p its new tokens (after dropping the held tokens past the kept ones) and read
         its score (every row of p is planned: `_feed_held` takes the planned rows apart)."""
         model, device = self.s.model, p.mask.device
-        feeds = [encoded[x[1]][x[0]:] if x is not None else [] for x in p.plan]
+        feeds = [encoded[f.item][f.kept:] if f is not None else [] for f in p.plan]
         new = max(len(f) for f in feeds)
-        keep = torch.tensor([x[0] if x is not None else len(ids) for x, ids in zip(p.plan, p.ids)], device=device)
+        keep = torch.tensor([f.kept if f is not None else len(ids) for f, ids in zip(p.plan, p.ids)], device=device)
         mask = p.mask * (p.mask.cumsum(1) <= keep[:, None])  # [R, C]: held tokens past the kept ones become holes
         fill = self.s.head_pad if self.s.head_pad is not None else 0
         ids = torch.full((p.size, new), fill, dtype=torch.long)
@@ -626,68 +509,11 @@ class CachedScoring:
         logits = model(input_ids=ids.to(device), attention_mask=mask, position_ids=pos, past_key_values=cache,
                        use_cache=True).logits[:, 0].float().cpu().tolist()
         p.cache, p.mask = cache, mask
-        fed = [r for r, x in enumerate(p.plan) if x is not None]
+        fed = [r for r, f in enumerate(p.plan) if f is not None]
         for r in fed:
-            k, i = p.plan[r]
-            p.ids[r] = p.ids[r][:k] + feeds[r]
-            p.scores[r] = out[i] = logits[r]
+            f = p.plan[r]
+            p.ids[r] = p.ids[r][: f.kept] + feeds[r]
+            p.scores[r] = out[f.item] = logits[r]
         self.meter.count_forward(self.s.role, torch.tensor([p.groups[r] for r in fed]),
                                  torch.tensor([len(feeds[r]) for r in fed]))
         p.plan = [None] * p.size
-
-
-class LogprobScorer:
-    """Mean token log-probability of the response under the target (temperature 1); -inf for an empty response.
-
-    Batched under a token budget; the log-probabilities come from `workers.logprobs` (no full-vocabulary
-    log-softmax)."""
-
-    def __init__(self, model, pad_id: int, batch_tokens: int):
-        self.model, self.pad_id, self.batch_tokens = model, pad_id, batch_tokens
-
-    @torch.inference_mode()
-    def __call__(self, items: list[Scored], meter: Meter) -> list[float]:
-        out = [float("-inf")] * len(items)
-        todo = [i for i, it in enumerate(items) if it.response_ids]
-        lengths = [len(items[i].prompt_ids) + len(items[i].response_ids) for i in todo]
-        for batch in token_budget_batches(lengths, self.batch_tokens):
-            idx = [todo[b] for b in batch]
-            logps, real = response_logprobs(self.model, self.pad_id, [items[i].prompt_ids for i in idx],
-                                            [items[i].response_ids for i in idx])
-            for i, logp in zip(idx, logps):
-                out[i] = float(logp.double().mean())
-            meter.count_forward("reward", torch.tensor([items[i].group for i in idx]), real)
-        return out
-
-
-class LexicalScorer:
-    """Fraction of the row's concepts the response covers (paper 000's CommonGen reward)."""
-
-    def __call__(self, items: list[Scored], meter: Meter) -> list[float]:
-        out = []
-        for it in items:
-            if it.concepts is None:
-                raise ValueError("lexical reward: this row has no concepts")
-            out.append(concept_coverage(it.text, list(it.concepts)))
-        return out
-
-
-class PythonScorer:
-    """A user function `f(prompts, texts) -> list[float]` named as `module:function`."""
-
-    def __init__(self, path: str):
-        module, _, name = path.partition(":")
-        try:
-            self.fn: Callable = getattr(importlib.import_module(module), name)
-        except (ImportError, AttributeError) as err:
-            raise ValueError(f"models.reward.function: cannot import {path!r}: {err}") from None
-        self.path = path
-
-    def __call__(self, items: list[Scored], meter: Meter) -> list[float]:
-        values = list(self.fn([it.prompt for it in items], [it.text for it in items]))
-        if len(values) != len(items):
-            raise RuntimeError(f"reward function {self.path} returned {len(values)} values for {len(items)} texts")
-        out = [float(v) for v in values]
-        if not all(math.isfinite(v) for v in out):
-            raise RuntimeError(f"reward function {self.path} returned a non-finite value")
-        return out

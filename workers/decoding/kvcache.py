@@ -1,4 +1,12 @@
-"""A KV cache that grows in place: transformers' Cache API with preallocated layer storage.
+"""Every operation on a KV cache, in one place: a cache that grows in place, and the row and column surgery the
+engine, the speculative sides, shared-prefix attention and the reward sessions do on caches.
+
+Terms: a cache holds, per layer, keys and values [B, H, C, D]: B *rows* (one per sequence), C *columns* (one per
+token position held). A *hole* is a column that a row's attention mask marks 0 (padding, a rejected draft position,
+a token dropped from a reward-model row); holes are never attended to, and position ids count only real columns, so
+columns may be moved, dropped or padded without changing what a row computes.
+
+The growing cache:
 
 transformers' `DynamicLayer` appends a step's keys and values with `torch.cat`, which copies every layer's whole
 cache at every step: decoding n tokens costs O(n^2) copying, and past a few tens of MiB per tensor each fresh
@@ -18,6 +26,8 @@ sliding-window and other layer kinds keep transformers' own classes.
 """
 
 from __future__ import annotations
+
+import copy
 
 import torch
 from transformers import DynamicCache
@@ -206,3 +216,138 @@ def new_cache(config) -> DynamicCache:
     cache = DynamicCache(config=config)
     cache.layers = [GrowingLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
     return cache
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Sizes
+
+
+def kv_bytes_per_token(config, dtype_bytes: int) -> int:
+    """KV-cache bytes one token of one sequence costs under a model config: 2 x layers x kv_heads x head_dim x dtype
+    bytes (the text config's; `head_dim` when it is set explicitly)."""
+    c = config.get_text_config()
+    heads = c.num_attention_heads
+    kv_heads = getattr(c, "num_key_value_heads", None) or heads
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
+    return 2 * c.num_hidden_layers * kv_heads * head_dim * dtype_bytes
+
+
+def context_length(config) -> int | None:
+    """The most columns a model's cache may hold: its context in tokens (max_position_embeddings of its text
+    config), or None when the config does not say."""
+    value = getattr(config.get_text_config(), "max_position_embeddings", None)
+    return int(value) if value else None
+
+
+def model_kv_bytes(model: torch.nn.Module) -> int:
+    """`kv_bytes_per_token` of a loaded model, in the dtype of its weights."""
+    return kv_bytes_per_token(model.config, next(model.parameters()).element_size())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Rows and columns
+
+
+def _filled(layer) -> bool:
+    return bool(getattr(layer, "is_initialized", False) and layer.keys is not None and layer.keys.numel())
+
+
+def fork_cache(cache: DynamicCache, idx: torch.Tensor) -> DynamicCache:
+    """A new cache holding copies of rows `idx` (repeats allowed) of `cache`, which is left untouched."""
+    new = copy.copy(cache)
+    new.layers = []
+    for layer in cache.layers:
+        twin = copy.copy(layer)
+        if _filled(layer):
+            twin.keys = layer.keys[idx]
+            twin.values = layer.values[idx]
+        new.layers.append(twin)
+    return new
+
+
+def cache_of(config, layers: list[tuple[torch.Tensor, torch.Tensor]]) -> DynamicCache | None:
+    """A DynamicCache for `config` holding each layer's (keys, values) [R, H, C, D]; None without columns."""
+    if not layers or layers[0][0].shape[-2] == 0:
+        return None
+    cache = DynamicCache(config=config)
+    for i, (k, v) in enumerate(layers):
+        cache.update(k, v, i)
+    return cache
+
+
+def layers_of(cache: DynamicCache | None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each layer's (keys, values) of a cache (none for None)."""
+    return [] if cache is None else [(layer.keys, layer.values) for layer in cache.layers]
+
+
+def stack_caches(config, caches: list[DynamicCache | None], rows: list[int], widths: list[int]) -> DynamicCache | None:
+    """The rows of several caches stacked into a new one, each right-aligned to the widest (`widths`: columns of
+    each; `rows`: rows of each, also for a None cache, which holds no column yet); the added columns are zeros, to
+    be masked as holes by the caller."""
+    width = max(widths)
+    template = next((layers_of(c) for c in caches if c is not None), [])
+    layers = []
+    for li, (k0, v0) in enumerate(template):
+        ks, vs = [], []
+        for cache, r, w in zip(caches, rows, widths):
+            if cache is None:
+                ks.append(k0.new_zeros(r, k0.shape[1], width, k0.shape[3]))
+                vs.append(v0.new_zeros(r, v0.shape[1], width, v0.shape[3]))
+            else:
+                k, v = layers_of(cache)[li]
+                ks.append(torch.nn.functional.pad(k, (0, 0, width - w, 0)))
+                vs.append(torch.nn.functional.pad(v, (0, 0, width - w, 0)))
+        layers.append((torch.cat(ks), torch.cat(vs)))
+    return cache_of(config, layers)
+
+
+def crop_right(cache: DynamicCache, mask: torch.Tensor) -> torch.Tensor:
+    """Crop the trailing columns that are holes in every row; returns the new mask."""
+    if mask.shape[0] == 0 or mask.shape[1] == 0:
+        return mask
+    real_cols = mask.bool().any(0)  # [L]
+    last = int(real_cols.nonzero().max()) + 1 if bool(real_cols.any()) else 0
+    n = mask.shape[1] - last
+    if n > 0:  # crop(0) empties the cache on some versions; a positive crop raises on 5.x
+        cache.crop(-n)
+        mask = mask[:, :last]
+    return mask
+
+
+def drop_left(cache: DynamicCache, columns: int) -> bool:
+    """Drop the first `columns` columns of every layer (holes in every row: left padding no row needs). Returns False
+    (and changes nothing) for caches with layer kinds that keep their own column bookkeeping (sliding windows)."""
+    if not plain_columns(cache):
+        return False
+    for layer in cache.layers:
+        if _filled(layer):
+            layer.keys = layer.keys[..., columns:, :]
+            layer.values = layer.values[..., columns:, :]
+    return True
+
+
+def pack(cache: DynamicCache | None, mask: torch.Tensor, min_holes: int = 1) -> torch.Tensor:
+    """Move each row's real columns to the right end, in order, once `min_holes` columns or more could go; returns
+    the new (left-padded) mask. Exact: keys already carry their rotary positions and position ids count only real
+    columns. Caches with layer kinds that keep their own column bookkeeping (sliding windows) are left as they are."""
+    width = mask.shape[1]
+    if mask.shape[0] == 0 or width == 0:
+        return mask
+    need = int(mask.sum(-1).max())
+    if width - need < max(min_holes, 1):
+        return mask
+    if cache is not None and not plain_columns(cache):
+        return mask
+    order = torch.sort(mask, dim=-1, stable=True).indices[:, width - need:]  # [B, need] holes first, then real
+    for layer in cache.layers if cache is not None else []:
+        if _filled(layer):
+            b, h, _, dk = layer.keys.shape
+            idx = order[:, None, :, None].expand(b, h, need, dk)
+            layer.keys = layer.keys.gather(2, idx)
+            layer.values = layer.values.gather(2, idx.expand(b, h, need, layer.values.shape[-1]))
+    return mask.gather(1, order)
+
+
+def pack_threshold(width: int) -> int:
+    """Holes worth a pack: a quarter of the width, at least 16 columns (a pack copies the whole cache)."""
+    return max(16, width // 4)

@@ -1,0 +1,208 @@
+"""Turns a batch of prompts into output rows: what one Ray actor does with each call.
+
+`Runner(config)` is the wiring of one actor: the engine of `models.engine` (`workers.engines`: hf loads the target
+and draft with transformers, vllm builds one vLLM engine), the reward, and the method with its own parameters.
+`Runner.run(items)` takes prompts as dicts with `prompt_id`, `prompt` (chat messages) and optionally `concepts`, and
+returns one output row per prompt in the shape of `schemas.rows.ROW_SCHEMA` (README: Output columns), in order. A
+prompt that cannot run (empty, or longer than the target's context) becomes a row with `error` set; a failure of
+the engine itself raises, so the job fails loudly.
+
+The candidate-pool methods (best_of_n, speculative_rejection, greedy, nucleus, speculative_decoding: the `pool`
+ability of schemas.methods) decode in one loop per actor (`workers.pool.loop`) on either engine, which the calls in
+flight feed where the method allows it. The other methods (beam, MJSD, CDSL, CDLH) run on the hf engine's models,
+a call at a time, in groups of prompts that fit in memory (`workers.methods`).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+import time
+
+import torch
+
+from schemas.config import JobConfig
+from schemas.methods import Sampling
+from schemas.rows import error_row, prompt_problem
+from workers.accounting.cost import Meter
+from workers.candidates import PromptInput
+from workers.context import Context
+from workers.decoding.sampling import prompt_key
+from workers.engines.hf import HfEngine
+from workers.loading import load_reward_model
+from workers.methods import run_method
+from workers.methods.measures import add_perplexities, constraint_stats
+from workers.pool.loop import Loop, Outcome
+from workers.pool.pool import Pool
+from workers.scoring.items import render
+from workers.scoring.reward_model import RewardModelScorer
+from workers.scoring.scorers import LexicalScorer, LogprobScorer, PythonScorer
+
+log = logging.getLogger(__name__)
+
+
+def new_engine(config: JobConfig):
+    """The engine of `models.engine` (vLLM is imported only where it runs)."""
+    if config.models.engine == "vllm":
+        from workers.engines.vllm import VllmEngine
+
+        return VllmEngine(config)
+    return HfEngine(config)
+
+
+def load_reward(config: JobConfig, engine):
+    """The scorer of `models.reward` on the engine's device (None without a reward)."""
+    r = config.models.reward
+    if r is None:
+        return None
+    if r.kind == "model":
+        m = config.models
+        loaded = load_reward_model(r.path, "models.reward.path", engine.device, m.dtype, m.trust_remote_code)
+        return RewardModelScorer(loaded.model, loaded.tokenizer, r.batch_tokens)
+    if r.kind == "logprob":
+        return LogprobScorer(engine.target, engine.pad_id, r.batch_tokens)
+    if r.kind == "lexical":
+        return LexicalScorer()
+    return PythonScorer(r.function)
+
+
+class Runner:
+    def __init__(self, config: JobConfig, share: "Runner | None" = None, engine=None):
+        """`share`: a Runner of the same models and resources whose engine and reward this one uses (a test or a
+        bench running several methods or settings on one loaded engine; two runners' calls decode one after the
+        other). `engine`: an engine built for `config` by the caller (bench/vllm_engine.py builds its vLLM engine
+        through `vllm.LLM`)."""
+        if share is not None and (share.config.models != config.models or share.config.resources != config.resources):
+            raise ValueError("models and resources: a runner sharing an engine needs the same models and resources")
+        if share is not None and config.draft_needed_by and share.engine.draft is None:
+            raise ValueError(f"models.draft: {config.draft_needed_by} needs the draft, which the shared engine has not "
+                             "loaded")
+        self.config = config
+        self.params = config.method
+        self.engine = share.engine if share is not None else engine if engine is not None else new_engine(config)
+        e = self.engine
+        self.tokenizer, self.eos_ids, self.pad_id, self.context = e.tokenizer, e.eos_ids, e.pad_id, e.context
+        # A fast tokenizer may not be used from two threads at once: the calls encode their prompts with this one,
+        # one call at a time, and the method decodes its responses with a copy (in the decoding loop's thread).
+        self.encoding = threading.Lock()
+        self.decoding_tokenizer = copy.deepcopy(self.tokenizer)
+        if self.context is None:
+            log.warning("models.target %s: its config has no max_position_embeddings, so prompts are not checked "
+                        "against a context length (each response may still take generation.max_new_tokens)",
+                        config.models.target)
+        self.reward = share.reward if share is not None else load_reward(config, self.engine)
+        self.engine.start()  # vLLM's engine, after the reward model: its CPU worker pins this process's threads
+        self.devices = config.resources.gpus_per_worker or 1.0  # what an actor's busy time is multiplied by
+        self.loop = None
+        if self.params.pool:
+            self.loop = Loop(self.open_pool, self.params.feeds_across_calls(), self.engine.serve, self.devices)
+        self.lock = threading.Lock()  # the other methods: one call at a time
+
+    # -- prompts -------------------------------------------------------------------------------------------------
+    def encode_prompt(self, messages: list[dict]) -> list[int]:
+        """The prompt rendered with the target's chat template (generation prompt added), as token ids."""
+        if getattr(self.tokenizer, "chat_template", None):
+            text = render(self.tokenizer, messages, add_generation_prompt=True)
+            return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return self.tokenizer(render(self.tokenizer, messages, False))["input_ids"]
+
+    def prepare(self, items: list[dict], max_new_tokens: int | None = None
+                ) -> tuple[list[tuple[int, PromptInput]], dict[int, dict]]:
+        """Split input prompts (dicts) into runnable prompts (with their position) and error rows (by position).
+        `max_new_tokens`: the most new tokens per response (default generation.max_new_tokens)."""
+        name = self.params.name
+        if max_new_tokens is None:
+            max_new_tokens = self.config.generation.max_new_tokens
+        ready: list[tuple[int, PromptInput]] = []
+        errors: dict[int, dict] = {}
+        for i, item in enumerate(items):
+            problem = prompt_problem(item["prompt"])
+            if problem is None:
+                ids = self.encode_prompt(item["prompt"])
+                if self.context is not None and len(ids) >= self.context:
+                    problem = f"prompt is {len(ids)} tokens; the target's context is {self.context} tokens"
+            if problem is not None:
+                errors[i] = error_row(item["prompt_id"], item["prompt"], name, problem)
+                continue
+            concepts = item.get("concepts")
+            limit = max_new_tokens if self.context is None else min(max_new_tokens, self.context - len(ids))
+            prompt = PromptInput(item["prompt_id"], item["prompt"], ids, prompt_key(item["prompt_id"]), limit,
+                                 list(concepts) if concepts is not None else None)
+            ready.append((i, prompt))
+        return ready, errors
+
+    def context_for(self, meter: Meter) -> Context:
+        """What the method and its pool share for a batch: the tokenizer and stop tokens, the reward, `meter`, the
+        method's sampling (`Context.for_method`) and the seed, and the hf engine's models."""
+        g, e = self.config.generation, self.engine
+        sampling = Sampling(g.temperature, g.top_p, g.top_k, g.sampler, g.gamma)
+        return Context(self.decoding_tokenizer, self.eos_ids, self.pad_id, self.reward, meter, sampling, self.config.seed,
+                       target=e.target, draft=e.draft).for_method(self.params)
+
+    def open_pool(self, meter: Meter) -> Pool:
+        """A fresh candidate pool for the method on the engine, counting into `meter`."""
+        ctx = self.context_for(meter)
+        return Pool.for_method(ctx, self.engine.decoder(ctx, self.params, self.reward), self.params)
+
+    # -- a call --------------------------------------------------------------------------------------------------
+    def run(self, items: list[dict]) -> list[dict]:
+        """One output row per input prompt, in order (error rows for prompts that cannot run). Safe to call from
+        several threads at once: the calls of a pool method feed its loop, the others take turns."""
+        with self.encoding:
+            ready, errors = self.prepare(items)
+        out: list[dict | None] = [errors.get(i) for i in range(len(items))]
+        if not ready:
+            return out
+        prompts = [p for _, p in ready]
+        self.engine.check(prompts, self.params, self.reward)  # a prompt too large for the memory fails here
+        if self.loop is not None:
+            outcomes = self.loop.run(prompts)
+        else:
+            with self.lock:
+                outcomes = self._run_groups(prompts)
+        for (i, p), o in zip(ready, outcomes):
+            out[i] = self.row(p, o)
+        return out
+
+    @torch.inference_mode()
+    def _run_groups(self, prompts: list[PromptInput]) -> list[Outcome]:
+        """A method that is not a candidate pool, on the hf engine: the prompts in groups that fit in memory, each
+        group's costs taken before its quality measures run (they are not billed)."""
+        started = time.perf_counter()
+        out: list[Outcome] = []
+        for group in self.engine.memory_groups(prompts, self.params, self.reward):
+            ps = [prompts[i] for i in group]
+            meter = Meter(len(ps))
+            meter.started = started
+            ctx = self.context_for(meter)
+            results = run_method(ctx, self.params, ps)
+            self.engine.synchronize()
+            costs = meter.per_prompt(self.devices)  # the cost window closes here
+            add_perplexities(ctx, ps, results)
+            out += [Outcome(r, c, int(t)) for r, c, t in zip(results, costs, meter.reward_inputs_truncated.tolist())]
+            started = time.perf_counter()
+        return out
+
+    def row(self, p: PromptInput, o: Outcome) -> dict:
+        """Prompt p's output row (schemas.rows.ROW_SCHEMA) from its outcome: the method's result, its cost struct,
+        and its reward inputs cut to the reward model's context (a stat only where a reward model has a context)."""
+        res = o.result
+        best = res.best_index
+        cand = res.candidates[best] if best is not None else None
+        if cand is not None:
+            res.stats.update(constraint_stats(cand.text, p.concepts))
+        with_truncated = isinstance(self.reward, RewardModelScorer)
+        return {
+            "prompt_id": p.prompt_id,
+            "prompt": p.messages,
+            "method": self.params.name,
+            "candidates": [c.struct() for c in res.candidates],
+            "best_index": best,
+            "best_text": cand.text if cand else None,
+            "best_reward": cand.reward if cand else None,
+            "cost": o.cost,
+            "stats": {"prompt_tokens": len(p.ids), **res.stats,
+                      **({"reward_inputs_truncated": o.truncated} if with_truncated else {})},
+            "error": None,
+        }

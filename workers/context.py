@@ -1,0 +1,73 @@
+"""What a method and a candidate pool share for one batch of prompts (`Context`).
+
+A method is `fn(ctx: Context, params, prompts: list[PromptInput]) -> list[MethodResult]` (`workers.methods`); a
+candidate pool (`workers.pool`) takes the same context. `params` is the method's own section of the config (a class
+of schemas.methods), `ctx` what every method shares: the tokenizer and stop tokens, the reward and the batch's cost
+meter, how it samples (`sampling`: the warp, and on the hf engine the sampler of a candidate pool: 'target' token by
+token, or 'speculative' with `gamma` drafted tokens per verification) and the seed, and on the hf engine the loaded
+target and draft (None on the vllm engine, whose target lives in vLLM). `for_method(params)` gives a method its own
+sampling (greedy decodes at temperature 0, nucleus with its top_p, speculative decoding with its sampler and gamma:
+schemas.methods `sampling`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from functools import cached_property
+from typing import Callable
+
+import torch
+
+from schemas.methods import Sampling
+from workers.accounting.cost import Meter
+from workers.candidates import PromptInput
+from workers.decoding.sampling import Warp
+from workers.scoring.items import Scored
+from workers.scoring.scorers import Rescoring
+
+
+@dataclass
+class Context:
+    tokenizer: object
+    eos_ids: list[int]
+    pad_id: int
+    reward: Callable[[list[Scored], Meter], list[float]] | None
+    meter: Meter
+    sampling: Sampling
+    seed: int
+    target: torch.nn.Module | None = None
+    draft: torch.nn.Module | None = None
+
+    @cached_property
+    def warp(self) -> Warp:
+        s = self.sampling
+        return Warp(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p)
+
+    def for_method(self, params) -> "Context":
+        """This context with the method of `params`'s own sampling (a method's `sampling` of this one's)."""
+        s = params.sampling(self.sampling)
+        return self if s == self.sampling else replace(self, sampling=s)
+
+    def decode(self, tokens: list[int]) -> str:
+        return self.tokenizer.decode(tokens, skip_special_tokens=True).strip()
+
+    def scored(self, group: int, prompt: PromptInput, tokens: list[int]) -> Scored:
+        return Scored(group, prompt.messages, self.decode(tokens), prompt.ids, list(tokens), prompt.concepts)
+
+    def score(self, items: list[Scored]) -> list[float | None]:
+        """Rewards of items; all None when no reward is configured (methods that rank require one)."""
+        if self.reward is None:
+            return [None] * len(items)
+        return self.reward(items, self.meter) if items else []
+
+    def reward_session(self):
+        """A scoring session for candidates scored again as they grow (Speculative Rejection's decisions): the
+        reward's own when it keeps state between calls (`session(meter)`: a causal reward model keeps each
+        candidate's cache, workers.scoring.reward_model.CachedScoring), else one that scores every call afresh.
+        Either has `score(keys, items, final) -> rewards` (a key names one candidate; `final`: its last score) and
+        `release(keys)` (candidates that will not be scored again, in bulk)."""
+        make = getattr(self.reward, "session", None)
+        return make(self.meter) if make is not None else Rescoring(self.score)
+
+    def finish_reason(self, tokens: list[int]) -> str:
+        return "eos" if tokens and tokens[-1] in self.eos_ids else "length"

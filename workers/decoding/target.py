@@ -1,0 +1,97 @@
+"""The target sampler: a candidate pool's sequences sampled from the target alone, one token per sequence per step.
+
+A *sampler* (here and in `workers.decoding.speculative`) is how the hf engine turns a pool's sequences into tokens:
+`prefill` starts prompts (each prefilled once, its first token sampled for every candidate), `step` samples the next
+token of every sequence, `done` says which have finished. Draws are counter-based (`workers.decoding.sampling`), so
+a sequence's tokens do not depend on the sequences batched with it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from workers.accounting.cost import Meter
+from workers.decoding.batch import Batch, forward, left_pad
+from workers.decoding.kvcache import model_kv_bytes, new_cache
+from workers.decoding.sampling import STREAM_TOKEN, Warp, next_tokens, uniforms
+from workers.decoding.shared_prefix import share
+
+
+class TargetSampler:
+    """Target-only batched sampling: prefill once per prompt, one token per sequence per step."""
+
+    role = "target"
+    columns_per_step = 1  # KV columns a step adds to every sequence
+    admits = True  # prompts may join a batch while it decodes (`Batch.extend`)
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        pad_id: int,
+        eos_ids: list[int],
+        warp: Warp,
+        seed: int,
+        meter: Meter,
+    ):
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.pad_id = pad_id
+        self.eos = torch.tensor(sorted(set(eos_ids)), dtype=torch.long, device=self.device)
+        self.warp = warp
+        self.seed = seed
+        self.meter = meter
+        self.kv_bytes_per_column = model_kv_bytes(model)
+
+    def stats(self, group: int) -> dict:
+        """Method-specific measurements of one prompt (none for plain sampling)."""
+        return {}
+
+    # -- prefill -----------------------------------------------------------------------------------------------
+    def prefill(
+        self, prompts: list[list[int]], n: int, keys: list[int], limits: list[int], first_group: int = 0
+    ) -> Batch:
+        """Prefill each prompt once, share (or repeat) its cache across its n candidates, and sample every
+        sequence's first token. The prompts are groups first_group, first_group + 1, ... of the batch."""
+        dev = self.device
+        ids, mask = left_pad(prompts, self.pad_id, dev)  # [P, L]
+        local = torch.arange(len(prompts), device=dev)
+        groups = local + first_group
+        cache = new_cache(self.model.config)
+        logits = forward(self.model, self.role, ids, mask, cache, groups, self.meter)[:, -1]  # [P, V]
+        # the prompt's cache held once for its candidates, where that is exact and worth it
+        shared = share(self.model, cache, local.repeat_interleave(n), self.kv_bytes_per_column)
+        if shared is None:
+            cache.batch_repeat_interleave(n)
+        batch = Batch(
+            cache=shared if shared is not None else cache,
+            mask=mask.repeat_interleave(n, 0),
+            pending=torch.zeros(len(prompts) * n, dtype=torch.long, device=dev),
+            group=groups.repeat_interleave(n),
+            cand=torch.arange(n, device=dev).repeat(len(prompts)),
+            key=torch.tensor(keys, dtype=torch.long, device=dev).repeat_interleave(n),
+            length=torch.zeros(len(prompts) * n, dtype=torch.long, device=dev),
+            limit=torch.tensor(limits, dtype=torch.long, device=dev).repeat_interleave(n),
+            tokens=torch.full((len(prompts) * n, max(limits)), self.pad_id, dtype=torch.long, device=dev),
+            alive=torch.ones(len(prompts) * n, dtype=torch.bool, device=dev),
+        )
+        self._sample_into(batch, logits.repeat_interleave(n, 0))
+        return batch
+
+    # -- decode --------------------------------------------------------------------------------------------------
+    def step(self, batch: Batch) -> None:
+        """Feed every sequence's pending token and sample its next one."""
+        batch.mask = torch.cat([batch.mask, batch.mask.new_ones(batch.size, 1)], dim=1)  # [B, L+1]
+        logits = forward(self.model, self.role, batch.pending[:, None], batch.mask, batch.cache, batch.group,
+                         self.meter)
+        self._sample_into(batch, logits[:, -1])
+
+    def _sample_into(self, batch: Batch, logits: torch.Tensor) -> None:
+        u = uniforms(self.seed, batch.key, batch.cand, batch.length, STREAM_TOKEN)
+        batch.append_pending(next_tokens(logits, self.warp, u))
+
+    def done(self, batch: Batch) -> torch.Tensor:
+        """[B] bool: alive sequences whose last token is EOS or that reached their limit."""
+        return batch.alive & (torch.isin(batch.pending, self.eos) | (batch.length >= batch.limit))
+
+    def is_eos(self, tok: torch.Tensor) -> torch.Tensor:
+        return torch.isin(tok, self.eos)

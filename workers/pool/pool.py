@@ -1,0 +1,201 @@
+"""Best-of-N and Speculative Rejection (paper 001, Algorithm 1; docs/references.md) on one candidate pool per
+prompt, on either engine.
+
+A `Pool` holds every prompt in flight: its n candidates (running on a decoder, `workers.pool.decoder`, or ended),
+their partial rewards and its decisions. One turn (`Pool.step`) starts the waiting prompts that fit, takes the
+sequences that ended, holds a rejection round where the schedule calls one (`workers.pool.schedules`) and steps the
+decoder; `Pool.complete` gives the prompts whose candidates have all ended their final rewards, and `Pool.result`
+makes a prompt's answer (eq. 6: the finished candidate with the highest final reward) and stats. Best-of-N is the
+same pool with no decision tokens; greedy, nucleus and speculative decoding are pools of one candidate, whose answer
+is that candidate.
+
+Scoring goes through one reward session per pool (`Context.reward_session`): with a causal reward model it keeps
+each running candidate's reward-model cache from one decision to the next, so a decision feeds the reward model
+the tokens generated since the last one, not every response whole. Rejected sequences leave the decoder at once
+(dropped from the hf engine's batch by selection, aborted on vLLM), so a round costs the scoring and nothing more.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from workers.candidates import Candidate, MethodResult, PromptInput, best_of, reward_stats
+from workers.context import Context
+from workers.pool.decoder import Decoder, Key
+from workers.pool.schedules import NoDecisions, rejection_cut, schedule_for
+
+
+@dataclass
+class PromptState:
+    """One prompt's candidates while its pool decodes them."""
+
+    prompt: PromptInput
+    candidates: list[Candidate | None]  # None while the candidate runs (or waits to start)
+    partials: dict[int, list[float]] = field(default_factory=lambda: defaultdict(list))  # cand -> partial rewards
+    decisions: list[int] = field(default_factory=list)  # its longest running response at each decision
+    unscored: list[int] = field(default_factory=list)  # candidates ended since its last decision, no reward yet
+
+    @property
+    def ended(self) -> bool:
+        return all(c is not None for c in self.candidates)
+
+
+class Pool:
+    """The candidate pools of every prompt in flight on one decoder: prompts join (`add`) and leave (`forget`)
+    while it decodes. `n` candidates per prompt, rejection quantile `alpha`, decision schedule `schedule`."""
+
+    def __init__(self, ctx: Context, decoder: Decoder, n: int, alpha: float = 0.0, schedule: NoDecisions | None = None):
+        self.ctx, self.decoder, self.n, self.alpha = ctx, decoder, n, alpha
+        self.schedule = schedule if schedule is not None else NoDecisions()
+        self.prompts: dict[int, PromptState] = {}  # by group
+        self.waiting: list[int] = []  # groups not started yet, in order
+        self.next_group = 0
+        self.live = 0  # sequences running on the decoder
+        self.scoring = None  # the reward session, made at the first scoring
+
+    @classmethod
+    def for_method(cls, ctx: Context, decoder: Decoder, params) -> "Pool":
+        """The pool of a pool method's parameters (schemas.methods: n, alpha and the schedule of Speculative
+        Rejection; one candidate for the single-response methods)."""
+        return cls(ctx, decoder, params.candidates(), getattr(params, "alpha", 0.0), schedule_for(params, decoder))
+
+    # -- prompts in and out ----------------------------------------------------------------------------------------
+    def add(self, prompts: list[PromptInput]) -> list[int]:
+        """Prompts join the pool, decoding or not; they wait to start. Returns their groups."""
+        groups = list(range(self.next_group, self.next_group + len(prompts)))
+        self.next_group += len(prompts)
+        for g, p in zip(groups, prompts):
+            self.prompts[g] = PromptState(p, [None] * self.n)
+        self.waiting += groups
+        return groups
+
+    def forget(self, g: int) -> None:
+        """Drop what the pool, its schedule and its decoder hold of prompt g once its row is made."""
+        del self.prompts[g]
+        self.schedule.forget(g)
+        self.decoder.forget(g)
+
+    def close(self) -> None:
+        self.decoder.close()
+
+    # -- one turn --------------------------------------------------------------------------------------------------
+    def step(self) -> bool:
+        """One turn of the decoding loop: start the waiting prompts that fit, take the sequences that ended, a
+        rejection round where the schedule calls one, and one decoding step. False once nothing runs or waits."""
+        self._admit()  # before the harvest: a fresh candidate's first token may already end it
+        self._harvest()
+        if not self.live:
+            return bool(self.waiting)
+        due = self.schedule.due(self.decoder)
+        if due:
+            self.schedule.rejected(self._decide(due))
+            if not self.live:
+                return True
+        self.decoder.step()
+        return True
+
+    def _admit(self) -> None:
+        if not self.waiting:
+            return
+        take = self.decoder.admit([self.prompts[g].prompt for g in self.waiting])
+        if take:
+            groups, self.waiting = self.waiting[:take], self.waiting[take:]
+            self.decoder.start(groups, [self.prompts[g].prompt for g in groups])
+            self.live += take * self.n
+
+    def _harvest(self) -> None:
+        for (g, c), tokens in self.decoder.ended():
+            state = self.prompts[g]
+            state.candidates[c] = Candidate(tokens, self.ctx.finish_reason(tokens))
+            state.unscored.append(c)
+            self.live -= 1
+
+    def _session(self):
+        if self.scoring is None:
+            self.scoring = self.ctx.reward_session()
+        return self.scoring
+
+    def _score(self, live: Sequence[tuple[Key, list[int]]], done: list[Key]) -> list[float | None]:
+        """Partial rewards of the running candidates `live` (key and tokens so far), scored in one call with the
+        final rewards of the ended candidates `done` (set on them)."""
+        ctx = self.ctx
+        items = [ctx.scored(g, self.prompts[g].prompt, t) for (g, _), t in live]
+        items += [ctx.scored(g, self.prompts[g].prompt, self.prompts[g].candidates[c].tokens) for g, c in done]
+        scores = self._session().score([k for k, _ in live] + done, items, [False] * len(live) + [True] * len(done))
+        for (g, c), s in zip(done, scores[len(live):]):
+            self.prompts[g].candidates[c].reward = s
+        return scores[: len(live)]
+
+    def _decide(self, groups: set[int]) -> int:
+        """One rejection round for prompts `groups`: partial rewards of their running candidates, final rewards of
+        their candidates ended since their last round, `rejection_cut` per prompt, and the rejected candidates
+        dropped from the decoder. The rejected and the ended candidates leave the reward session together. Returns
+        the number of candidates rejected."""
+        keys, tokens = self.decoder.running()
+        live = [(k, t) for k, t in zip(keys, tokens) if k[0] in groups]
+        done = [(g, c) for g in sorted(groups) for c in self.prompts[g].unscored]
+        for g in groups:
+            self.prompts[g].unscored = []
+        scores = self._score(live, done)
+        finished: dict[int, list[float]] = defaultdict(list)
+        for g, c in done:
+            finished[g].append(self.prompts[g].candidates[c].reward)
+        of_group: dict[int, list[int]] = defaultdict(list)  # group -> its running candidates' indices in `live`
+        for i, (((g, c), _), s) in enumerate(zip(live, scores)):
+            self.prompts[g].partials[c].append(s)
+            of_group[g].append(i)
+        kept: set[int] = set()
+        for g, idx in of_group.items():
+            self.prompts[g].decisions.append(max(len(live[i][1]) for i in idx))
+            kept.update(idx[k] for k in rejection_cut([scores[i] for i in idx], finished[g], self.alpha))
+        rejected = [live[i] for i in range(len(live)) if i not in kept]
+        for (g, c), t in rejected:
+            self.prompts[g].candidates[c] = Candidate(t, "rejected")
+        self.decoder.drop([k for k, _ in rejected])
+        self.live -= len(rejected)
+        self._session().release(done + [k for k, _ in rejected])
+        return len(rejected)
+
+    # -- prompts whose candidates have all ended -------------------------------------------------------------------
+    def complete(self, groups: Sequence[int]) -> list[int]:
+        """The prompts among `groups` whose every candidate has ended, with their final rewards given (one scoring
+        call for all of them; their candidates leave the reward session)."""
+        ended = [g for g in sorted(groups) if self.prompts[g].ended]
+        done = [(g, c) for g in ended for c in self.prompts[g].unscored]
+        for g in ended:
+            self.prompts[g].unscored = []
+        if done:
+            self._score((), done)
+            self._session().release(done)
+        return ended
+
+    def result(self, g: int) -> MethodResult:
+        """Prompt g's candidates (decoded), its answer and its stats. The answer is the finished candidate with the
+        highest final reward (eq. 6); a pool of one candidate answers with it."""
+        state = self.prompts[g]
+        cands = state.candidates
+        for c, cand in enumerate(cands):
+            cand.text = self.ctx.decode(cand.tokens)
+            cand.partial_rewards = state.partials.get(c, [])
+        stats = {
+            "generated_tokens": sum(len(c.tokens) for c in cands),
+            "finished_candidates": sum(c.finish_reason != "rejected" for c in cands),
+            "rejection_rounds": len(state.decisions),
+            "decision_tokens": list(state.decisions),
+            **reward_stats(cands),
+            **self.decoder.stats(g),
+            **self.schedule.stats(),
+        }
+        return MethodResult(cands, 0 if self.n == 1 else best_of(cands), stats)  # eq. 6
+
+
+def decode(pool: Pool, prompts: list[PromptInput]) -> list[MethodResult]:
+    """Every prompt through `pool` to its result, in this thread (one batch on its own; `workers.pool.loop` turns
+    the same steps for prompts of many actor calls)."""
+    groups = pool.add(prompts)
+    while pool.step():
+        pass
+    pool.complete(groups)
+    return [pool.result(g) for g in groups]

@@ -1,0 +1,73 @@
+"""What a scorer takes: a response (partial or finished) with its prompt, and the helpers that turn items into
+batches of token ids.
+
+The reward model usually has its own tokenizer and chat template, so a response is decoded to text with the target
+tokenizer, then rendered as prompt + assistant turn with the reward tokenizer's template and tokenised again.
+Model-based scoring is batched under a token budget (rows x padded length), shortest first.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Scored:
+    """One response to score, with its prompt."""
+
+    group: int  # prompt index within the batch (for cost accounting)
+    prompt: list[dict]  # chat messages
+    text: str  # the response decoded with the target tokenizer, special tokens removed
+    prompt_ids: list[int]  # the rendered prompt under the target tokenizer
+    response_ids: list[int]  # the response tokens under the target tokenizer
+    concepts: list[str] | None = None
+
+
+def render(tokenizer, messages: list[dict], add_generation_prompt: bool) -> str:
+    """Messages to text with the tokenizer's chat template, or their contents joined by newlines without one."""
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+    return "\n".join(m["content"] for m in messages)
+
+
+def token_budget_batches(lengths: list[int], budget: int) -> list[list[int]]:
+    """Indices grouped so that len(batch) x longest <= budget (a single over-long item forms its own batch)."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    batches: list[list[int]] = []
+    cur: list[int] = []
+    for i in order:
+        if cur and (len(cur) + 1) * lengths[i] > budget:
+            batches.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        batches.append(cur)
+    return batches
+
+
+def shared_prefix(seqs: list[list[int]], pad_id: int | None) -> int:
+    """Leading tokens every sequence shares, short enough that each keeps its last non-pad token after them (the
+    token a sequence-classification head reads)."""
+    common = len(os.path.commonprefix(seqs))
+    last_real = min(max((i for i, t in enumerate(s) if t != pad_id), default=0) for s in seqs)
+    return min(common, last_real)
+
+
+def right_padded(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token lists to right-padded ids [B, L] and mask [B, L]."""
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for r, s in enumerate(seqs):
+        ids[r, : len(s)] = torch.tensor(s, dtype=torch.long)
+        mask[r, : len(s)] = 1
+    return ids, mask
+
+
+def last_real(ids: list[int], pad_id: int | None) -> int:
+    """Index of the token a sequence-classification head reads: the last one that is not `pad_id` (transformers
+    looks for the rightmost non-pad token of input_ids), 0 if there is none."""
+    return max((i for i, t in enumerate(ids) if t != pad_id), default=0)

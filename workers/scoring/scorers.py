@@ -1,0 +1,90 @@
+"""The scorers other than a reward model, and the session that scores every call afresh.
+
+Every scorer takes a list of `Scored` items (one response each, partial or finished) and the batch's meter, and
+returns one float per item: `LogprobScorer` (mean token log-probability under the target), `LexicalScorer`
+(concept coverage), `PythonScorer` (a user function). The reward model is `workers.scoring.reward_model`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from typing import Callable, Hashable, Sequence
+
+import torch
+
+from lexical import concept_coverage
+from workers.accounting.cost import Meter
+from workers.decoding.logprobs import response_logprobs
+from workers.scoring.items import Scored, token_budget_batches
+
+
+class Rescoring:
+    """A session that scores every call afresh with `score(items) -> list[float]` (scorers that keep no state)."""
+
+    def __init__(self, score: Callable[[list[Scored]], list]):
+        self._score = score
+
+    def score(self, keys: Sequence[Hashable], items: list[Scored], final: Sequence[bool] | None = None) -> list:
+        return self._score(items) if items else []
+
+    @torch.inference_mode()
+    def release(self, keys: Sequence[Hashable]) -> None:
+        pass
+
+
+class LogprobScorer:
+    """Mean token log-probability of the response under the target (temperature 1); -inf for an empty response.
+
+    Batched under a token budget; the log-probabilities come from `workers.logprobs` (no full-vocabulary
+    log-softmax)."""
+
+    def __init__(self, model, pad_id: int, batch_tokens: int):
+        self.model, self.pad_id, self.batch_tokens = model, pad_id, batch_tokens
+
+    @torch.inference_mode()
+    def __call__(self, items: list[Scored], meter: Meter) -> list[float]:
+        out = [float("-inf")] * len(items)
+        todo = [i for i, it in enumerate(items) if it.response_ids]
+        lengths = [len(items[i].prompt_ids) + len(items[i].response_ids) for i in todo]
+        for batch in token_budget_batches(lengths, self.batch_tokens):
+            idx = [todo[b] for b in batch]
+            logps, real = response_logprobs(self.model, self.pad_id, [items[i].prompt_ids for i in idx],
+                                            [items[i].response_ids for i in idx])
+            for i, logp in zip(idx, logps):
+                out[i] = float(logp.double().mean())
+            meter.count_forward("reward", torch.tensor([items[i].group for i in idx]), real)
+        return out
+
+
+class LexicalScorer:
+    """Fraction of the row's concepts the response covers (paper 000's CommonGen reward)."""
+
+    def __call__(self, items: list[Scored], meter: Meter) -> list[float]:
+        out = []
+        for it in items:
+            if it.concepts is None:
+                raise ValueError("lexical reward: this row has no concepts")
+            out.append(concept_coverage(it.text, list(it.concepts)))
+        return out
+
+
+class PythonScorer:
+    """A user function `f(prompts, texts) -> list[float]` named as `module:function`."""
+
+    def __init__(self, path: str):
+        module, _, name = path.partition(":")
+        try:
+            self.fn: Callable = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError) as err:
+            raise ValueError(f"models.reward.function: cannot import {path!r}: {err}") from None
+        self.path = path
+
+    def __call__(self, items: list[Scored], meter: Meter) -> list[float]:
+        values = list(self.fn([it.prompt for it in items], [it.text for it in items]))
+        if len(values) != len(items):
+            raise RuntimeError(f"reward function {self.path} returned {len(values)} values for {len(items)} texts")
+        out = [float(v) for v in values]
+        if not all(math.isfinite(v) for v in out):
+            raise RuntimeError(f"reward function {self.path} returned a non-finite value")
+        return out
