@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     greedy_t = greedy_d = None
     for _ in range(max(5, 2 * args.repeats)):
         t = summary(bench.run({"name": "greedy"}))
-        d = summary(bench.run({"name": "greedy"}, target=bench.lexical.draft))
+        d = summary(bench.run({"name": "greedy"}, target=bench.lexical.engine.draft))
         greedy_t = t if greedy_t is None or t["wall_s"] < greedy_t["wall_s"] else greedy_t
         greedy_d = d if greedy_d is None or d["wall_s"] < greedy_d["wall_s"] else greedy_d
     c = greedy_t["tokens_per_s"] / greedy_d["tokens_per_s"]

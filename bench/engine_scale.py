@@ -48,8 +48,8 @@ every row decodes to the length limit and the engine's early exit of finished ro
 case makes rows finish at a length drawn uniformly in [1, T] per row (the same lengths on both sides): generate
 gets a ``LogitsProcessor`` that forces EOS at the row's length (generate keeps finished rows in its batch, padded);
 the engine has no logits hook, so the bench sets each sequence's length limit (``Batch.limit``, after the prefill)
-to the row's length, which the engine handles as it handles an EOS (`TargetSampler.done`, then the finished rows leave the
-cache in bulk): the finish reason is "length" rather than "eos", the decoding work is the same.
+to the row's length, which the engine handles as it handles an EOS (`TargetSampler.done`, then the finished rows leave
+the cache in bulk): the finish reason is "length" rather than "eos", the decoding work is the same.
 
 ``--quick`` (the default) takes about 15 minutes per repeat on 2 CPU cores; ``--full`` runs the issue's grid (N = 16, 64,
 256; prompts of 32 and 512 tokens; 128 and 512 new tokens; hidden 768 x 12 layers), which takes hours on a CPU.
@@ -205,7 +205,8 @@ class Phases:
 
 
 class StepTimes:
-    """CPU seconds of each call of the engine's decoding step (`TargetSampler.step`: forward, cache, sampling), in order."""
+    """CPU seconds of each call of the engine's decoding step (`TargetSampler.step`: forward, cache, sampling), in
+    order."""
 
     def __init__(self):
         self.times: list[float] = []

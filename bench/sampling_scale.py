@@ -9,9 +9,10 @@ Two sides, alternated call by call (``--repeats`` times each, median of the CPU 
 
 - **baseline**: the implementation before issue 9 (copied below as ``baseline_*``): a full sort of the vocabulary
   for top-p and a float64 cumsum over the vocabulary for the draw;
-- **new**: ``workers.sampling.next_tokens`` (partial sort for top-p, two-level inverse CDF).
+- **new**: ``workers.decoding.sampling.next_tokens`` (partial sort for top-p, two-level inverse CDF).
 
-Both sides must choose the same tokens on the bench's inputs (uniforms from ``workers.sampling.uniforms``); the bench
+Both sides must choose the same tokens on the bench's inputs (uniforms from
+``workers.decoding.sampling.uniforms``); the bench
 stops with an error otherwise, and reports whether the warped probabilities are bitwise equal.
 
 The scale of a decoding step is the LM head: the ms of one [B, 896] x [896, V] float32 matmul (the hidden size of a
@@ -49,7 +50,7 @@ HIDDEN = 896
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The baseline: workers/sampling.py's warp and draw before issue 9, verbatim
+# The baseline: workers/decoding/sampling.py's warp and draw before issue 9, verbatim
 
 
 def baseline_warp_probs(logits: torch.Tensor, warp: Warp) -> torch.Tensor:

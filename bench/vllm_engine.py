@@ -6,7 +6,8 @@ Prints (Markdown tables; `--json PATH` also writes every figure):
    for each N of ``--ns``, ``--per-call`` prompts per call, on the same checkpoint:
    - *raw vLLM*: ``vllm.LLM.generate`` with ``SamplingParams(n=N, seed=s)`` per prompt, where s is the seed the
      wrapper gives the prompt's candidate 0 (so both sides sample the very same tokens; the bench checks it);
-   - *engine vllm*: ``Runner.run`` with models.engine vllm (Best-of-N with the ``lexical`` reward: requests, the engine loop, text
+   - *engine vllm*: ``Runner.run`` with models.engine vllm (Best-of-N with the ``lexical`` reward: requests, the
+     engine loop, text
      decoding, the rows);
    - *engine hf*: ``Runner.run``, the same method on Winnow's own engine.
    Raw vLLM and the wrapper run on one engine (a ``vllm.LLM`` built with the wrapper's engine settings: engine core

@@ -14,8 +14,8 @@ The pipeline (`run`) is
     read_parquet(prompts/) -> [CheckpointFilter] -> map_batches(GenerateBatch, actor pool) -> write_parquet
 
 Each actor of the pool holds one `GenerateBatch`, which loads the draft/target/reward trio once
-(`workers.actor.runner.Runner`) and turns each batch of prompts into output rows, one per prompt, in order; a prompt whose
-`input_error` is set becomes an error row without reaching the engine. Exactly once comes from Ray Data's
+(`workers.actor.runner.Runner`) and turns each batch of prompts into output rows, one per prompt, in order; a prompt
+whose `input_error` is set becomes an error row without reaching the engine. Exactly once comes from Ray Data's
 checkpointing (`ray.data.checkpoint.CheckpointConfig`, keyed on ``prompt_id``): each write task first records its
 prompt_ids in ``_checkpoint/<file>.pending.parquet``, then writes its data file, then renames the checkpoint to
 ``<file>.parquet``. A later run first deletes the data files of pending checkpoints (a write cut short by a crash),

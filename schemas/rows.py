@@ -16,7 +16,7 @@ MESSAGE = pa.struct([("role", pa.string()), ("content", pa.string())])
 
 def prompt_problem(messages) -> str | None:
     """Why a prompt (a list of chat messages) cannot run, or None: the one rule, applied when the driver normalises
-    the source (`pipeline.prompts`) and again by the workers on what they are handed (`workers.runner`)."""
+    the source (`pipeline.prompts`) and again by the workers on what they are handed (`workers.actor.runner`)."""
     if not isinstance(messages, (list, tuple)) or not messages:
         return "empty prompt: no messages"
     for i, m in enumerate(messages):

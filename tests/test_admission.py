@@ -46,7 +46,8 @@ def test_a_prompt_joining_a_decoding_batch_gets_its_own_logits(shared, monkeypat
         assert batch.group.tolist() == [0, 0, 1, 1, 1, 2, 2, 2]
         for _ in range(4):
             batch.mask = torch.cat([batch.mask, batch.mask.new_ones(batch.size, 1)], 1)
-            logits = forward(runner.engine.target, "target", batch.pending[:, None], batch.mask, batch.cache, batch.group,
+            logits = forward(runner.engine.target, "target", batch.pending[:, None], batch.mask, batch.cache,
+                             batch.group,
                              engine.meter)[:, -1]
             engine._sample_into(batch, logits)
         _check_logits(runner, prompts, batch, logits)

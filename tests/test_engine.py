@@ -136,7 +136,8 @@ def test_sequence_selection_keeps_the_cache_exact(items):
         keep = torch.tensor([1, 2, 6, 9, 11])
         state.select(keep)
         state.mask = torch.cat([state.mask, state.mask.new_ones(state.size, 1)], 1)
-        got = forward(runner.engine.target, "target", state.pending[:, None], state.mask, state.cache, state.group, meter)
+        got = forward(runner.engine.target, "target", state.pending[:, None], state.mask, state.cache, state.group,
+                      meter)
         for r in range(state.size):
             seq = prompts[int(state.group[r])].ids + state.tokens[r, : int(state.length[r])].tolist()
             ref = runner.engine.target(torch.tensor([seq])).logits[0, -1].float()

@@ -42,9 +42,9 @@ from conftest import ROOT, job_config, write_config
 from pipeline import faults
 from runfolder.folder import RunFolder
 
-PROMPTS = 24  # an actor runs two batches at once (workers.feed): enough batches start after the first commit
+PROMPTS = 24  # an actor runs two batches at once (workers.pool.loop): enough batches start after the first commit
 # Slow enough that a batch is still running when the test, polling every 20 ms, sees its record and kills (a batch of
-# 2 prompts takes 0.5-1 s on one core, two batches decoding at once: workers.feed), small enough for the file to
+# 2 prompts takes 0.5-1 s on one core, two batches decoding at once: workers.pool.loop), small enough for the file to
 # run in a few minutes on 2 cores.
 FAULT_JOB = {"data": {"limit": PROMPTS}, "method": {"name": "best_of_n", "n": 16}, "generation": {"max_new_tokens": 64}}
 RUN_TIMEOUT = 300
@@ -190,7 +190,7 @@ def kill_actor(rec: dict) -> None:
 
 def assert_names_the_dead_actor(error: str, rec: dict) -> None:
     """The failure line names the actor, its pid, its node (address and id) and the batches it was running (an actor
-    runs two at once where their prompts feed one decoding loop, workers.feed), `rec`'s among them."""
+    runs two at once where their prompts feed one decoding loop, workers.pool.loop), `rec`'s among them."""
     assert f"actor {rec['actor_id']} " in error, error
     assert f"pid {rec['pid']}" in error, error
     assert f"on node {rec['node_ip']} (node id {rec['node_id']})" in error, error

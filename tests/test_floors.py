@@ -108,7 +108,7 @@ def test_the_checker_sees_an_import_running_back_up(tmp_path, monkeypatch):
 def test_workers_rooms_import_down():
     rooms = {p.name if p.is_dir() else p.stem for p in (ROOT / "workers").iterdir()
              if p.name != "__init__.py" and not p.name.startswith((".", "__"))}
-    assert rooms == set(WORKER_ROOMS), f"a room of workers/ without a place in WORKER_ROOMS: {rooms ^ set(WORKER_ROOMS)}"
+    assert rooms == set(WORKER_ROOMS), f"rooms of workers/ not in WORKER_ROOMS or gone: {rooms ^ set(WORKER_ROOMS)}"
     problems = [p for path in sorted((ROOT / "workers").rglob("*.py")) for p in worker_room_problems(path)]
     assert problems == []
 

@@ -1,4 +1,5 @@
-"""Incremental reward scoring (workers.scoring.reward_model.CachedScoring): a session keeps each candidate's reward-model cache
+"""Incremental reward scoring (workers.scoring.reward_model.CachedScoring): a session keeps each candidate's
+reward-model cache
 between calls and feeds only what it does not hold, with the scores of whole scoring from scratch."""
 
 from __future__ import annotations

@@ -1,14 +1,22 @@
-"""The in-place KV cache (workers.kvcache): the same keys and values as transformers' DynamicLayer under every
-operation the engine uses, with steps that write in place instead of copying the cache."""
+"""The in-place KV cache (workers.decoding.kvcache): the same keys and values as transformers' DynamicLayer under
+every operation the engine uses (the module's own column and row operations included), with steps that write in
+place instead of copying the cache."""
 
-import copy
 import random
 
 import torch
+from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from tests.trio_helpers import trio
-from workers.decoding.kvcache import MIN_HEADROOM, GrowingLayer, new_cache
+from workers.decoding.kvcache import MIN_HEADROOM, GrowingLayer, drop_left, fork_cache, new_cache, pack
+
+
+def _cache(layer) -> DynamicCache:
+    """A cache of one layer, for the module's cache-level operations."""
+    cache = DynamicCache()
+    cache.layers = [layer]
+    return cache
 
 
 def _kv(b, t, gen, h=2, d=4):
@@ -56,22 +64,26 @@ def test_growing_layer_equals_dynamic_layer_under_every_operation():
                 ref.batch_repeat_interleave(r)
                 new.batch_repeat_interleave(r)
                 rows *= r
-            elif op == "trim" and n > 1:  # what Batch.trim_left does
+            elif op == "trim" and n > 1:  # Batch.trim_left: leading columns no row needs
                 first = rnd.randint(1, n - 1)
                 for layer in (ref, new):
-                    layer.keys = layer.keys[..., first:, :]
-                    layer.values = layer.values[..., first:, :]
-            elif op == "gather" and n > 1:  # what speculative.pack does
-                order = torch.stack([torch.randperm(n, generator=gen)[: n - 1].sort().values for _ in range(rows)])
-                for layer in (ref, new):
-                    b, h, _, d = layer.keys.shape
-                    idx = order[:, None, :, None].expand(b, h, n - 1, d)
-                    layer.keys = layer.keys.gather(2, idx)
-                    layer.values = layer.values.gather(2, idx)
-            elif op == "fork":  # what speculative.fork_cache does: a copy that then writes on its own
-                twin = copy.copy(new)
-                k, v = _kv(rows, 1, gen)
-                twin.update(k, v)
+                    assert drop_left(_cache(layer), first)
+            elif op == "gather" and n > 1:  # the speculative sides' and the reward sessions' pack: holes out
+                mask = torch.ones(rows, n, dtype=torch.long)
+                for r in range(rows):
+                    mask[r, torch.randperm(n, generator=gen)[: rnd.randint(1, n - 1)]] = 0
+                packed = [pack(_cache(layer), mask) for layer in (ref, new)]
+                assert torch.equal(packed[0], packed[1])
+            elif op == "fork":  # a copy of some rows that then writes on its own, the original untouched
+                idx = torch.tensor([rnd.randrange(rows) for _ in range(rnd.randint(1, 3))])
+                before = (new.keys.clone(), new.values.clone()) if n else None
+                twins = [fork_cache(_cache(layer), idx).layers[0] for layer in (ref, new)]
+                k, v = _kv(idx.numel(), 1, gen)
+                for twin in twins:
+                    twin.update(k, v)
+                _same(twins[1], twins[0])
+                if before is not None:
+                    assert torch.equal(new.keys, before[0]) and torch.equal(new.values, before[1])
             _same(new, ref)
 
 

@@ -1,4 +1,5 @@
-"""The memory guard of a batch (workers/engines/hf.py): a batch that would not fit is decoded in groups that do, with the
+"""The memory guard of a batch (workers/engines/hf.py): a batch that would not fit is decoded in groups that do,
+with the
 same tokens; one prompt that cannot fit alone fails the batch with a message before anything is allocated."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Every model problem is found from the folder's files before a model loads (`workers.checkpoints`,
+"""Every model problem is found from the folder's files before a model loads (`stores.model_folders`,
 `pipeline.preflight`): weights, tokenizer, and the head the role needs; exit 2 naming the field and the path."""
 
 from __future__ import annotations

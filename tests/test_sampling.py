@@ -7,7 +7,9 @@ import torch
 from scipy import stats
 
 import workers.decoding.sampling as sampling
-from workers.decoding.sampling import STREAM_ACCEPT, STREAM_TOKEN, Warp, prompt_key, sample, splitmix64, uniforms, warp_probs
+from workers.decoding.sampling import (
+    STREAM_ACCEPT, STREAM_TOKEN, Warp, prompt_key, sample, splitmix64, uniforms, warp_probs,
+)
 
 
 def test_greedy_is_one_hot_on_the_argmax():

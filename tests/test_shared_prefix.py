@@ -1,4 +1,5 @@
-"""A prompt's cache shared by its candidates (workers.shared_prefix): the same logits as the repeated cache, through
+"""A prompt's cache shared by its candidates (workers.decoding.shared_prefix): the same logits as the repeated cache,
+through
 selections and left trims, with the prompt's keys and values held once; and a probe that refuses what it cannot
 share exactly."""
 

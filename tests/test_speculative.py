@@ -407,7 +407,8 @@ def test_trio_greedy_speculative_decoding_is_the_targets_greedy_decoding():
     p, res = prompts[0], sd[0]
     ids = torch.tensor([p.ids])
     with torch.inference_mode():
-        ref = sd_runner.engine.target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=40, do_sample=False,
+        ref = sd_runner.engine.target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=40,
+                                               do_sample=False,
                                         eos_token_id=sd_runner.eos_ids, pad_token_id=sd_runner.pad_id)
     assert res.candidates[0].tokens == ref[0, len(p.ids):].tolist()
 

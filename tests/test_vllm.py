@@ -144,6 +144,53 @@ def test_rejected_requests_stop_at_their_decision_token(engine):
     assert not scheduler.requests and pool.get_num_free_blocks() == pool.num_gpu_blocks - 1  # less the null block
 
 
+def in_engine_thread(r: Runner, fn):
+    """fn() in the thread that steps the vLLM engine (the decoders' home); its value, or its error raised here."""
+    done, out = threading.Event(), {}
+
+    def job():
+        try:
+            out["value"] = fn()
+        except BaseException as err:  # noqa: BLE001 - raised in the test's thread
+            out["error"] = err
+        finally:
+            done.set()
+
+    r.engine.serve(job)
+    assert done.wait(300)
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
+def test_the_vllm_decoder_and_a_replay_of_its_tokens_give_the_same_decisions_cuts_and_stats(engine):
+    """The one pool (workers.pool) over the vLLM decoder, and over a decoder that replays each candidate's tokens
+    (taken from Best-of-N with the same seeds): the same decisions, rejections, rewards, answers, stats and reward
+    costs (tests/test_pool.py holds the same check for the hf engine's decoder)."""
+    from replay_decoder import ReplayDecoder
+
+    from workers.accounting.cost import Meter
+    from workers.pool.pool import Pool, decode
+
+    sr, bon = runner(engine, method=SR), runner(engine, method={"name": "best_of_n", "n": 8})
+    prompts = [p for _, p in sr.prepare(demo_items(4))[0]]
+    real_meter = Meter(len(prompts))
+    real = in_engine_thread(sr, lambda: decode(sr.open_pool(real_meter), prompts))
+    whole = in_engine_thread(bon, lambda: decode(bon.open_pool(Meter(len(prompts))), prompts))
+    streams = {(p.prompt_id, c): cand.tokens for p, r in zip(prompts, whole) for c, cand in enumerate(r.candidates)}
+    meter = Meter(len(prompts))
+    with torch.inference_mode():
+        replayed = decode(Pool.for_method(sr.context_for(meter), ReplayDecoder(8, streams, meter), sr.params), prompts)
+    assert any(r.stats["rejection_rounds"] for r in real)
+    for a, b in zip(real, replayed):
+        assert a.stats == b.stats
+        assert [(c.tokens, c.finish_reason, c.partial_rewards, c.reward) for c in a.candidates] == \
+            [(c.tokens, c.finish_reason, c.partial_rewards, c.reward) for c in b.candidates]
+        assert a.best_index == b.best_index
+    for field in ("tokens", "forwards"):
+        assert getattr(real_meter, field)["reward"].tolist() == getattr(meter, field)["reward"].tolist()
+
+
 def test_memory_schedule_decides_on_the_engines_kv_blocks(engine):
     budget_mb = 0.5  # 256 tokens of the tiny target's cache (2 KiB a token): passed soon by 4 x 8 candidates
     rows = runner(engine, method={**SR, "schedule": "memory", "memory_budget_mb": budget_mb}).run(demo_items(4))

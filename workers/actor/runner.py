@@ -137,8 +137,9 @@ class Runner:
         method's sampling (`Context.for_method`) and the seed, and the hf engine's models."""
         g, e = self.config.generation, self.engine
         sampling = Sampling(g.temperature, g.top_p, g.top_k, g.sampler, g.gamma)
-        return Context(self.decoding_tokenizer, self.eos_ids, self.pad_id, self.reward, meter, sampling, self.config.seed,
-                       target=e.target, draft=e.draft).for_method(self.params)
+        ctx = Context(self.decoding_tokenizer, self.eos_ids, self.pad_id, self.reward, meter, sampling,
+                      self.config.seed, target=e.target, draft=e.draft)
+        return ctx.for_method(self.params)
 
     def open_pool(self, meter: Meter) -> Pool:
         """A fresh candidate pool for the method on the engine, counting into `meter`."""

@@ -206,7 +206,7 @@ def join_caches(cache: DynamicCache, other: DynamicCache, rows: int, other_rows:
     layers = list(zip(cache.layers, other.layers))
     if len(cache.layers) != len(other.layers) or not all(
             type(a) is GrowingLayer and type(b) is GrowingLayer for a, b in layers):
-        raise ValueError("only caches of GrowingLayers (workers.kvcache.new_cache) can be joined")
+        raise ValueError("only caches of GrowingLayers (workers.decoding.kvcache.new_cache) can be joined")
     for a, b in layers:
         a.join(b, rows, other_rows)
 

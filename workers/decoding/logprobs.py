@@ -4,8 +4,8 @@ log p(token) is the chosen token's logit minus the log-sum-exp over the vocabula
 log-sum-exp a few positions at a time keeps the float32 working set at O(B x T) plus one chunk, where a
 `log_softmax` over [B, T, V] would copy every logit (gigabytes at a 150k-token vocabulary). Sequences are left
 padded, so every response ends at the last column and the model is asked only for the logits of the response
-positions (`logits_to_keep`). Used by the `logprob` reward (`workers.scoring.scorers.LogprobScorer`) and by the perplexity
-measure (`perplexities`).
+positions (`logits_to_keep`). Used by the `logprob` reward (`workers.scoring.scorers.LogprobScorer`) and by the
+perplexity measure (`perplexities`).
 """
 
 from __future__ import annotations

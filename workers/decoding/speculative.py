@@ -28,8 +28,8 @@ in that model's *backlog*, tokens[n_in : length - 1], and is fed right-aligned (
 When holes pile up, `pack` moves each sequence's real columns together: keys carry their rotary positions already, so
 moving a column changes nothing.
 
-Randomness is counter-based (workers.decoding.sampling): a draw is a function of (seed, prompt, candidate, response position,
-stream), so a sequence's tokens do not depend on the sequences batched with it.
+Randomness is counter-based (workers.decoding.sampling): a draw is a function of (seed, prompt, candidate, response
+position, stream), so a sequence's tokens do not depend on the sequences batched with it.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from workers.decoding.sampling import (
     STREAM_ACCEPT, STREAM_DRAFT, STREAM_RESIDUAL, STREAM_TOKEN, Warp, next_tokens, sample, uniforms, warp_probs,
 )
 
-# workers.sampling uses streams 0-3 of its 8; MJSD's beam sampling draws its Gumbel noise from stream 4.
+# workers.decoding.sampling uses streams 0-3 of its 8; MJSD's beam sampling draws its Gumbel noise from stream 4.
 STREAM_BEAM = 4
 
 

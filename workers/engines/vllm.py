@@ -52,8 +52,8 @@ SEED_MODULUS = 2**31 - 2**17  # candidate seeds stay in int32 for every n up to 
 
 
 def candidate_seed(seed: int, key: int, index: int) -> int:
-    """vLLM's seed for candidate `index` of the prompt with key `key` (workers.sampling.prompt_key): a function of
-    the job seed, the prompt and the index only; consecutive indices get consecutive seeds, as vLLM gives the
+    """vLLM's seed for candidate `index` of the prompt with key `key` (workers.decoding.sampling.prompt_key): a
+    function of the job seed, the prompt and the index only; consecutive indices get consecutive seeds, as vLLM gives the
     children of an n > 1 request."""
     base = (key ^ (seed * 0x9E3779B97F4A7C15)) % SEED_MODULUS
     return base + index
@@ -349,7 +349,7 @@ class VllmDecoder:
         self.stepped.discard(key)
 
     def ended(self) -> list[tuple[Key, list[int]]]:
-        out, self.done = self.done, []
+        out, self.done = sorted(self.done), []  # in key order, whatever order the engine's outputs came in
         return out
 
     def running(self) -> tuple[list[Key], list[list[int]]]:

@@ -36,7 +36,7 @@ class Rescoring:
 class LogprobScorer:
     """Mean token log-probability of the response under the target (temperature 1); -inf for an empty response.
 
-    Batched under a token budget; the log-probabilities come from `workers.logprobs` (no full-vocabulary
+    Batched under a token budget; the log-probabilities come from `workers.decoding.logprobs` (no full-vocabulary
     log-softmax)."""
 
     def __init__(self, model, pad_id: int, batch_tokens: int):

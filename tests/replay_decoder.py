@@ -1,0 +1,101 @@
+"""A deterministic decoder for the candidate pool (workers.pool.decoder.Decoder): every candidate's tokens are given
+in advance and come one per step, so the pool's decisions, cuts and results can be checked without a model, and
+the real decoders (hf, vllm) can be checked against a replay of their own tokens."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from workers.candidates import PromptInput
+from workers.pool.decoder import Key
+
+
+class ReplayDecoder:
+    """`streams[(prompt_id, cand)]`: the whole token list of each candidate (its EOS or its limit included). A
+    started candidate holds its first token (as the hf engine's prefill samples it); each step adds the next; a
+    candidate ends when its stream does. `kv_bytes` charges `bytes_per_token` for every token of every running
+    sequence after the next step (its prompt included). Counts one target forward per prompt and step, and its
+    prompt's tokens at the start and a token per running sequence and step."""
+
+    def __init__(self, n: int, streams: dict[tuple[str, int], list[int]], meter, bytes_per_token: int = 1,
+                 space: int | None = None):
+        self.n, self.streams, self.meter = n, streams, meter
+        self.bytes_per_token, self.space = bytes_per_token, space
+        self.prompts: dict[int, PromptInput] = {}
+        self.live: dict[Key, list[int]] = {}
+        self.done: list[tuple[Key, list[int]]] = []
+        self.dropped: list[Key] = []
+        self.answers: dict = {}
+
+    def stream(self, key: Key) -> list[int]:
+        return self.streams[(self.prompts[key[0]].prompt_id, key[1])]
+
+    def admit(self, waiting: Sequence[PromptInput]) -> int:
+        return len(waiting)
+
+    def start(self, groups: list[int], prompts: list[PromptInput]) -> None:
+        self.prompts.update(zip(groups, prompts))
+        for g, p in zip(groups, prompts):
+            keys = [(g, c) for c in range(self.n)]
+            for k in keys:
+                self.live[k] = self.stream(k)[:1]
+            self.meter.count_forward("target", torch.tensor([g]), torch.tensor([len(p.ids) + self.n]))
+        self._end()
+
+    def _end(self) -> None:
+        for k in [k for k, t in self.live.items() if len(t) == len(self.stream(k))]:
+            self.done.append((k, self.live.pop(k)))
+
+    def step(self) -> None:
+        keys = sorted(self.live)
+        for k in keys:
+            self.live[k] = self.stream(k)[: len(self.live[k]) + 1]
+        if keys:
+            self.meter.count_forward("target", torch.tensor([g for g, _ in keys]), torch.ones(len(keys)))
+        self._end()
+
+    def ended(self) -> list[tuple[Key, list[int]]]:
+        out, self.done = sorted(self.done), []
+        return out
+
+    def running(self) -> tuple[list[Key], list[list[int]]]:
+        keys = sorted(self.live)
+        return keys, [list(self.live[k]) for k in keys]
+
+    def lengths(self) -> dict[int, int]:
+        out: dict[int, int] = {}
+        for (g, _), t in self.live.items():
+            out[g] = max(out.get(g, 0), len(t))
+        return out
+
+    def drop(self, keys: Sequence[Key]) -> None:
+        for k in keys:
+            del self.live[k]
+            self.dropped.append(k)
+
+    def kv_bytes(self) -> int:
+        return sum(len(self.prompts[g].ids) + len(t) + 1 for (g, _), t in self.live.items()) * self.bytes_per_token
+
+    def kv_space(self) -> int | None:
+        return self.space
+
+    def stats(self, group: int) -> dict:
+        return {}
+
+    def forget(self, group: int) -> None:
+        self.prompts.pop(group, None)
+
+    def measure(self, requests) -> None:
+        self.answers.update((tag, float(len(response))) for tag, _, response in requests)
+
+    def measured(self) -> dict:
+        out, self.answers = self.answers, {}
+        return out
+
+    def synchronize(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.live.clear()

@@ -1,0 +1,117 @@
+"""The one candidate pool (workers.pool): its decisions, cuts and results on a deterministic decoder, and the same
+decisions, cuts, stats and reward costs through the hf engine's decoder as through a replay of that decoder's own
+tokens (tests/test_vllm.py holds the same check for the vllm engine's decoder)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from schemas.methods import Sampling
+from tests.replay_decoder import ReplayDecoder
+from tests.trio_helpers import demo_items, params_of, run_trio, trio_context, trio_prompts
+from workers.accounting.cost import Meter
+from workers.candidates import PromptInput
+from workers.context import Context
+from workers.pool.pool import Pool, decode
+from workers.pool.schedules import MemorySchedule
+
+EOS = 0
+
+
+class Tokenizer:
+    def decode(self, tokens, skip_special_tokens=True):
+        return " ".join(str(t) for t in tokens if t != EOS)
+
+
+def scripted_context(meter: Meter) -> Context:
+    """A context whose reward is the mean of a response's tokens (a python-like reward: no reward tokens)."""
+
+    def reward(items, _meter):
+        return [float(sum(it.response_ids)) / max(1, len(it.response_ids)) for it in items]
+
+    return Context(Tokenizer(), [EOS], EOS, reward, meter, Sampling(1.0, 1.0, 0, "target", 4), 0)
+
+
+def prompt(i: int) -> PromptInput:
+    return PromptInput(f"p{i}", [{"role": "user", "content": "x"}], [7, 7, 7], i, 32)
+
+
+# candidate c of a prompt emits the token c + 1 at every step; candidates 2 and 5 end early (EOS at 6 and 3 tokens)
+STREAMS = {(f"p{i}", c): ([c + 1] * 5 + [EOS] if c == 2 else [c + 1] * 2 + [EOS] if c == 5 else [c + 1] * 20)
+           for i in range(2) for c in range(6)}
+
+
+def test_fixed_schedule_cuts_the_lowest_alpha_fraction_and_answers_with_the_best_finished():
+    meter = Meter(2)
+    sr = params_of({"name": "speculative_rejection", "n": 6, "alpha": 0.5, "schedule": "fixed", "every_k_tokens": 4})
+    decoder = ReplayDecoder(6, STREAMS, meter)
+    results = decode(Pool.for_method(scripted_context(meter), decoder, sr), [prompt(0), prompt(1)])
+    for res in results:
+        # at 4 tokens candidate 5 has ended (reward (6 + 6 + 0) / 3 = 4.0): R_partial = {1, 2, 3, 4, 5 (running),
+        # 4.0}; floor(0.5 * 6) = 3 values fall below the cut (the 4th smallest, 4.0): candidates 0, 1, 2 stop there.
+        # At 8, b = 2: the cut is the larger partial, 5, so candidate 3 (4) stops; candidate 4 runs on alone (b = 1
+        # cuts nobody) to its last token, at 20, deciding at 12 and 16.
+        assert [c.finish_reason for c in res.candidates] == ["rejected"] * 4 + ["length", "eos"]
+        assert [len(c.tokens) for c in res.candidates] == [4, 4, 4, 8, 20, 3]
+        assert [c.partial_rewards for c in res.candidates] == [[1.0], [2.0], [3.0], [4.0, 4.0],
+                                                               [5.0, 5.0, 5.0, 5.0], []]
+        assert res.stats["decision_tokens"] == [4, 8, 12, 16] and res.stats["rejection_rounds"] == 4
+        assert res.best_index == 4 and [c.reward for c in res.candidates[4:]] == [5.0, 4.0]  # eq. 6
+        assert res.stats["finished_candidates"] == 2
+        assert res.stats["generated_tokens"] == 4 * 3 + 8 + 20 + 3
+        assert all(c.reward is None for c in res.candidates if c.finish_reason == "rejected")
+    # rejected candidates leave the decoder at their decision
+    assert sorted(decoder.dropped) == sorted((g, c) for g in range(2) for c in range(4))
+
+
+def test_memory_schedule_decides_when_the_kv_would_pass_the_budget_and_waits_after_a_round_that_cuts_nobody():
+    meter = Meter(1)
+    budget = 6 * (3 + 8 + 1)  # six sequences of 3 prompt tokens reach it at their 8th token: the next step passes it
+    streams = {("p0", c): [1] * 20 for c in range(6)}  # equal partial rewards: a cut keeps every tie
+    pool = Pool(scripted_context(meter), ReplayDecoder(6, streams, meter), 6, 0.5, MemorySchedule(budget))
+    (res,) = decode(pool, [prompt(0)])
+    assert res.stats["decision_tokens"] == [9]  # once, not at every step after: the round rejected nobody
+    assert res.stats["memory_budget_bytes"] == budget and all(c.finish_reason == "length" for c in res.candidates)
+
+
+def test_best_of_n_and_a_pool_of_one():
+    meter = Meter(1)
+    bon = params_of({"name": "best_of_n", "n": 6})
+    (res,) = decode(Pool.for_method(scripted_context(meter), ReplayDecoder(6, STREAMS, meter), bon), [prompt(0)])
+    assert res.stats["rejection_rounds"] == 0 and [c.reward for c in res.candidates] == [1, 2, 2.5, 4, 5, 4]
+    assert res.best_index == 4
+    one = {("p0", 0): [9, 9, EOS]}
+    greedy = params_of({"name": "greedy"})
+    ctx = Context(Tokenizer(), [EOS], EOS, None, meter, Sampling(0.0, 1.0, 0, "target", 4), 0)
+    (res,) = decode(Pool.for_method(ctx, ReplayDecoder(1, one, meter), greedy), [prompt(0)])
+    assert res.best_index == 0 and res.candidates[0].reward is None and res.candidates[0].text == "9 9"
+
+
+def test_the_hf_decoder_and_a_replay_of_its_tokens_give_the_same_decisions_cuts_and_stats():
+    """Speculative Rejection through the hf engine's decoder, and through a decoder that replays each candidate's
+    tokens (taken from Best-of-N with the same seed: a candidate's draws depend on its prompt and index only):
+    the same decisions, rejections, partial and final rewards, answers, stats and reward costs."""
+    items = demo_items(4)
+    gen = {"max_new_tokens": 24}
+    sr = {"name": "speculative_rejection", "n": 8, "alpha": 0.5, "schedule": "fixed", "every_k_tokens": 4}
+    prompts, real, real_meter = run_trio(sr, items, gen)
+    _, bon, _ = run_trio({"name": "best_of_n", "n": 8}, items, gen)
+    streams = {(p.prompt_id, c): cand.tokens for p, r in zip(prompts, bon) for c, cand in enumerate(r.candidates)}
+    meter = Meter(len(prompts))
+    ctx = trio_context(meter, gen)
+    decoder = ReplayDecoder(8, streams, meter)
+    with torch.inference_mode():
+        replayed = decode(Pool.for_method(ctx, decoder, params_of(sr)), trio_prompts(items, 24))
+    assert any(r.stats["rejection_rounds"] for r in real), "the schedule never decided: the test proves nothing"
+    for a, b in zip(real, replayed):
+        assert a.stats["decision_tokens"] == b.stats["decision_tokens"]
+        assert [(c.tokens, c.finish_reason) for c in a.candidates] == [(c.tokens, c.finish_reason) for c in b.candidates]
+        # the same scoring calls of the same items: the same rewards, bit for bit
+        assert [c.partial_rewards for c in a.candidates] == [c.partial_rewards for c in b.candidates]
+        assert [c.reward for c in a.candidates] == [c.reward for c in b.candidates]
+        assert a.best_index == b.best_index
+        keys = set(a.stats) - {"perplexity", "hard_constraint", "soft_constraint"}
+        assert {k: a.stats[k] for k in keys} == {k: b.stats[k] for k in keys}
+    for field in ("tokens", "forwards"):
+        assert getattr(real_meter, field)["reward"].tolist() == getattr(meter, field)["reward"].tolist()
