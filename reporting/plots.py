@@ -3,7 +3,9 @@
 Each plot has a ``*_figure`` function that takes plain numbers and returns the matplotlib Figure (tests count its
 marks: artists carry a ``gid`` such as ``run:LABEL``, ``frontier``, ``iso:K``), and a function of the same name
 without ``_figure`` that returns PNG bytes, so the report can write them to any filesystem. Every mark has a
-legend entry; run labels are placed where they overlap no other label, marker or error bar (`place_labels`).
+legend entry, and every legend sits beside or below its axes, never over the marks; run labels are placed inside
+the axes where they overlap no other label, marker or error bar (`place_labels`). Axes name their units: the cost
+basis on x (FLOPs in an SI unit, or dollars), the reward's own units on y (`runfolder.runs.REWARD_UNITS`).
 """
 
 from __future__ import annotations

@@ -177,7 +177,7 @@ def _usd(x) -> str:
 
 
 def _count(x) -> str:
-    """A parameter count with an SI prefix: 852k, 1.3M, 7.2B."""
+    """A parameter count with an SI prefix: 852k, 1.3M, 7.2B; ? when it could not be counted."""
     if x is None:
         return "?"
     for scale, prefix in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
@@ -298,7 +298,8 @@ def render_markdown(report: dict, plots: dict[str, str]) -> str:
         ci = e["mean_best_reward_interval"]
         ci = "" if ci is None else f" [{_f(ci[0], 3)}, {_f(ci[1], 3)}]"
         p = e["parameters"]
-        params = " / ".join(_count(p[r]) for r in ("target", "draft", "reward"))
+        params = " / ".join(_count(p[r]) if (p[r] is not None or r in e["parameters_not_counted"]) else "-"
+                            for r in ("target", "draft", "reward"))
         if e["parameters_source"] == "model folders":
             params += " (from model folders)"
         tokens = " / ".join(_f(e[f"{r}_tokens_per_prompt"]) for r in ("target", "draft", "reward"))
