@@ -6,9 +6,11 @@ USD**, from device-seconds.
   `cost.*_tokens` (prefill and decoding, every candidate, rejected ones included) and N the parameters of the model
   that processed them: the reward model's for a `model` reward, the target's for `logprob` (its reward is the target's
   own log-probability), none for `lexical` and `python` rewards (no model: 0 FLOPs). Attention over the context and
-  the embedding lookup are left out; an embedding tied to the output layer is counted once. Tokens and parameter
-  counts repeat exactly from run to run, so this basis does not move with machine load: the same runs get the same
-  verdict every time. It is the default ranking basis.
+  the embedding lookup are left out; an embedding tied to the output layer is counted once. Parameter counts and the
+  tokens of a config repeat from run to run, whatever the machine's load, so the same runs get the same verdict
+  every time. (One caveat: where two actor calls feed one decoding loop, a finished sequence is fed, and charged,
+  until its batch compacts, which depends on what else is in the batch: three repeats of Best-of-N moved its target
+  tokens by up to 0.23%, while device-seconds moved up to 2.5-fold.) It is the default ranking basis.
 - **measured USD** of a prompt: ``device_seconds / 3600 x cost.usd_per_device_hour`` of the run's own manifest. What
   the run cost on its machine, which on a shared machine varies several-fold between repeats. Always reported; the
   ranking basis with ``winnow report --basis usd``.

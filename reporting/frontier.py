@@ -201,7 +201,7 @@ def _names(labels: list[str]) -> str:
 
 def verdict(p: Point, d: dict, points: dict[str, Point], base: Point | None, basis: str) -> str:
     """One sentence on a placed run: its frontier step or what dominates it, and whether it is below the baseline.
-    Only numbers of the basis and the rewards: on the compute basis it repeats exactly for the same runs."""
+    Only numbers of the basis and the rewards: on the compute basis the same runs give the same sentence."""
     if d["on_frontier"]:
         if d["previous"] is None:
             text = "on the frontier: the cheapest run" if len(points) > 1 else "on the frontier: the only run"

@@ -33,8 +33,8 @@ DEFINITIONS = {
     "compute": "FLOPs per prompt, 2 x parameters x tokens processed, summed over the models: target parameters x "
     "cost.target_tokens + draft parameters x cost.draft_tokens + reward-scoring parameters x cost.reward_tokens "
     "(the reward model's for a model reward, the target's for logprob, none for lexical and python); parameters "
-    "from the run's manifest, or for older runs from the model folders its config names; it repeats exactly for "
-    "the same tokens, whatever the machine's load",
+    "from the run's manifest, or for older runs from the model folders its config names; it does not move with "
+    "the machine's load",
     "USD": "measured: device_seconds / 3600 x cost.usd_per_device_hour of the run's own manifest; it moves with the "
     "machine's load",
     "basis": "the cost the frontier and the rankings use: compute (the default) or measured USD (--basis usd); a "
@@ -151,14 +151,14 @@ def build_report(runs: list[Run], base_index: int, basis: str = COMPUTE, resolve
 
 
 def _notes(runs: list[Run], grouped: list, groups: list[dict], from_folders: list[str]) -> list[str]:
-    """What the reader must know before the numbers: reward groups, basis fallbacks, parameter counts read from
-    model folders. Said on the terminal and at the top of report.md."""
+    """What the reader must know before the numbers: reward groups (one line each, after a newline and "- "), basis
+    fallbacks, parameter counts read from model folders. Said on the terminal and at the top of report.md."""
     notes = []
     if len(groups) > 1:
         notes.append(f"the runs are scored by {len(groups)} different reward definitions, whose values cannot be "
-                     "compared, so each is ranked on its own frontier against its own baseline: "
-                     + "; ".join(f"{line} (baseline {g['baseline']})"
-                                 for line, g in zip(describe_groups(runs, grouped), groups)))
+                     "compared, so each is ranked on its own frontier against its own baseline:"
+                     + "".join(f"\n- {line} (baseline {g['baseline']})"
+                               for line, g in zip(describe_groups(runs, grouped), groups)))
     for g in groups:
         if g["basis_note"]:
             notes.append(f"{g['reward']}: {g['basis_note']}" if len(groups) > 1 else g["basis_note"])
@@ -207,8 +207,8 @@ def basis_line(report: dict) -> str:
     """Which cost the report ranks by, first thing in report.md and on the terminal."""
     if report["basis"] == COMPUTE:
         text = ("Ranked by **compute**: FLOPs per prompt, 2 x parameters x tokens processed by the target, draft and "
-                "reward model, which repeats exactly for the same runs. Measured device-seconds and USD are in the "
-                "tables beside it; they move with the machine's load.")
+                "reward model, which does not move with the machine's load. Measured device-seconds and USD are in "
+                "the tables beside it; they do.")
     else:
         text = ("Ranked by **measured USD** (--basis usd): device-seconds x the runs' price per device-hour, which "
                 "on a shared machine moves with its load, and the verdict with it. Compute (FLOPs) is in the tables.")
@@ -221,7 +221,7 @@ def basis_line(report: dict) -> str:
 def headline(report: dict, group: dict) -> str:
     """The block that answers "which runs are worth their cost" for one reward group: the frontier cheapest first,
     with the marginal cost of each step, the dominated runs and what dominates them, and every run below the
-    baseline's reward. Only basis costs and rewards: on the compute basis it repeats exactly for the same runs."""
+    baseline's reward. Only basis costs and rewards: on the compute basis the same runs give the same block."""
     runs = {e["label"]: e for e in report["runs"]}
     fr, basis = group["frontier"], group["basis"]
     if not fr["order"]:
@@ -248,8 +248,10 @@ def headline(report: dict, group: dict) -> str:
         lines.append(s + ".")
     if fr["dominated"]:
         lines += ["", "**Not worth their cost** (dominated):", ""]
-        lines += [f"- **{label}** ({runs[label]['method']}): {runs[label]['frontier']['verdict']}."
-                  for label in fr["dominated"]]
+        for label in fr["dominated"]:
+            f = runs[label]["frontier"]
+            lines.append(f"- **{label}** ({runs[label]['method']}{', the baseline' if f['is_baseline'] else ''}): "
+                         f"{f['verdict']}.")
     else:
         lines += ["", "No run is dominated."]
     if fr["not_placed"]:
@@ -262,7 +264,7 @@ def terminal_summary(report: dict) -> str:
     """What `winnow report` prints: the basis, the notes (reward groups, basis fallbacks) and each group's
     headline, as plain text."""
     parts = [basis_line(report)]
-    parts += [f"Note: {n}." for n in report["notes"]]
+    parts += [f"Note: {n}".replace("\n- ", "\n  - ") + "." for n in report["notes"]]
     for g in report["groups"]:
         if len(report["groups"]) > 1:
             parts.append(f"Scored by {g['reward']} (baseline {g['baseline']}):")

@@ -273,9 +273,11 @@ def test_runs_of_different_reward_definitions_get_their_own_frontier_said_on_the
     assert "Note: the runs are scored by 5 different reward definitions, whose values cannot be compared" in said
     for line in (f"reward model `rm`: a ({a}), b ({b}) (baseline a)", f"logprob under the target "
                  f"`builtin:tiny-target`: c ({c}) (baseline c)", "lexical coverage of the `concepts` column: d"):
-        assert line in said
+        assert f"\n  - {line}" in said
     assert said.count("Worth their cost") == 5 and "Scored by logprob under the target `other-target`" in said
     md = out.joinpath("report.md").read_text()
+    assert "**Note:** the runs are scored by 5 different" in md
+    assert f"\n- reward model `rm-2`: e ({e}) (baseline e)" in md
     assert md.count("## Scored by ") == 5 and md.count("### Cost-reward frontier") == 5
     # each run is compared with its own group's baseline: a run against itself scores 100
     runs = {e["label"]: e for e in report["runs"]}
@@ -296,7 +298,8 @@ def test_python_rewards_and_no_reward_are_definitions_too(tmp_path):
 
     rows = [row("p1", [cand("a", 1.0)])]
     runs = [load_run(write_run(str(tmp_path / n), rows, name=n, reward=r)) for n, r in (
-        ("f1", {"kind": "python", "function": "pkg.mod:score"}), ("f2", {"kind": "python", "function": "pkg.mod:other"}),
+        ("f1", {"kind": "python", "function": "pkg.mod:score"}),
+        ("f2", {"kind": "python", "function": "pkg.mod:other"}),
         ("f3", {"kind": "python", "function": "pkg.mod:score"}))]
     assert [members for _, members in reward_groups(runs)] == [[0, 2], [1]]
     assert reward_definition(runs[1]).text == "python reward `pkg.mod:other`"
@@ -442,9 +445,9 @@ def test_older_runs_read_counts_from_their_model_folders_or_fall_back_to_measure
     rows = [row(f"p{i}", [cand("a", 1.0 + i), cand("b", 0.0)], reward_tokens=20) for i in range(3)]
     cheap = [row(f"p{i}", [cand("a", 1.0 + i)], device_seconds=0.5, reward_tokens=10) for i in range(3)]
     # builtin:tiny-reward exists: counted from the folder; `gone` does not: no compute for that run
-    found = write_run(str(tmp_path / "found"), rows, name="found", reward={"kind": "model", "path": "builtin:tiny-reward"})
-    lost = write_run(str(tmp_path / "lost"), cheap, name="lost", reward={"kind": "model", "path": "builtin:tiny-reward"},
-                     models={"target": str(tmp_path / "gone")})
+    rm = {"kind": "model", "path": "builtin:tiny-reward"}
+    found = write_run(str(tmp_path / "found"), rows, name="found", reward=rm)
+    lost = write_run(str(tmp_path / "lost"), cheap, name="lost", reward=rm, models={"target": str(tmp_path / "gone")})
     out = tmp_path / "out"
     assert main([found, "--out", str(out)]) == 0
     report = json.loads((out / "report.json").read_text())
