@@ -63,7 +63,8 @@ def header_parameters(fs, path: str) -> int:
 
 def count_parameters(location: str) -> int:
     """Parameters of the model folder at `location` (a local path or fsspec URL; `builtin:` names resolved by the
-    caller); raises NotCounted saying why not."""
+    caller); raises NotCounted saying why not, whatever went wrong: a count is never worth failing a run for, and
+    the reason is recorded (`counts_of`)."""
     try:
         fs, root = filesystem(location)
         if not fs.isdir(root):
@@ -83,7 +84,7 @@ def count_parameters(location: str) -> int:
         return sum(header_parameters(fs, posixpath.join(root, name)) for name in files)
     except NotCounted:
         raise
-    except (OSError, ValueError, UnicodeDecodeError, ImportError) as err:
+    except Exception as err:  # noqa: BLE001 - any store failure (S3 errors are not all OSError) becomes the reason
         raise NotCounted(f"{location} cannot be read ({type(err).__name__}: {err})") from None
 
 

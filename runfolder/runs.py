@@ -266,8 +266,8 @@ class RewardDefinition:
     function, the lexical concepts column; for `logprob`, the target, whose own log-probability the reward is).
     Two runs' rewards are on one scale only when their definitions are equal."""
 
-    kind: str  # model | logprob | lexical | python | none (no reward) | unrecorded (no models in the manifest)
-    identity: str  # the path, function, column or target; "" for none/unrecorded
+    kind: str  # model | logprob | lexical | python | none (no reward) | unrecorded (no models, or an unknown kind)
+    identity: str  # the path, function, column or target; the reward's JSON for an unknown kind; "" otherwise
 
     @property
     def text(self) -> str:
@@ -277,7 +277,8 @@ class RewardDefinition:
             "lexical": f"lexical coverage of the `{self.identity}` column",
             "python": f"python reward `{self.identity}`",
             "none": "no reward",
-            "unrecorded": "a reward the manifest does not record (no config.models)",
+            "unrecorded": (f"a reward this version does not know ({self.identity})" if self.identity
+                           else "a reward the manifest does not record (no config.models)"),
         }[self.kind]
 
     @property
@@ -303,7 +304,7 @@ def reward_definition(run: Run) -> RewardDefinition:
         return RewardDefinition(kind, str(reward.get("concepts_column", "concepts")))
     if kind == "python":
         return RewardDefinition(kind, str(reward.get("function")))
-    return RewardDefinition(kind if kind in REWARD_UNITS else "unrecorded", json.dumps(reward, sort_keys=True))
+    return RewardDefinition("unrecorded", json.dumps(reward, sort_keys=True))
 
 
 def reward_groups(runs: list[Run]) -> list[tuple[RewardDefinition, list[int]]]:
