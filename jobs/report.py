@@ -2,8 +2,9 @@
 
 Writes report.md (the cost-reward frontier first, tables, plots), report.json (every number) and PNG plots. The
 metrics and their definitions are in `reporting.stats` (improvement score, relative compute, reward gained per USD,
-bootstrap intervals) and `reporting.frontier` (the frontier, dominance, marginal cost); the files are assembled in
-`reporting.render`. Without --baseline the first RUN_DIR is the baseline.
+bootstrap intervals), `reporting.cost` (the compute and measured-USD bases), `reporting.tolerance` and
+`reporting.frontier` (the frontier, dominance, marginal cost); the files are assembled in `reporting.render`, which
+ranks runs of different reward definitions apart. Without --baseline the first RUN_DIR is the baseline.
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+import assets
 from jobs.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_RUNTIME, parse_args
-from reporting.render import headline, order_runs, write_report
+from reporting.cost import BASES, COMPUTE
+from reporting.render import order_runs, terminal_summary, write_report
 from runfolder.outputs import check_out
 from runfolder.runs import folder_key, load_run, load_runs
 from schemas.base import InputError
@@ -31,6 +34,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--baseline", default=None, metavar="RUN_DIR",
                    help="the run others are compared with (default: the first RUN_DIR); added to the report if "
                    "it is not one of the RUN_DIRs")
+    p.add_argument("--basis", choices=BASES, default=COMPUTE,
+                   help="the cost runs are ranked by: compute (default; FLOPs from tokens and parameter counts, the "
+                   "same for the same runs every time) or usd (measured device-seconds x price, which moves with "
+                   "the machine's load)")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
     return p
 
@@ -64,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         baseline = runs[keys.index(folder_key(args.baseline))]
     ordered, base_index = order_runs(runs, baseline)
     try:
-        report = write_report(ordered, base_index, args.out)
+        report = write_report(ordered, base_index, args.out, args.basis, resolve=assets.resolve)
     except InputError as err:  # --out taken by another writer since the check (its lease)
         for line in err.problems:
             print(f"winnow report: {line}", file=sys.stderr)
@@ -72,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as err:  # noqa: BLE001 - any failure while computing or writing is a run-time failure (exit 1)
         print(f"winnow report: failed writing {args.out}: {type(err).__name__}: {err}", file=sys.stderr)
         return EXIT_RUNTIME
-    print(headline(report).replace("**", ""))
+    print(terminal_summary(report))
     print(f"wrote {args.out}/report.md, report.json and {len(report['plots'])} plot(s)")
     return EXIT_OK
 

@@ -50,6 +50,7 @@ from runfolder.folder import (
     tally,
 )
 from runfolder.manifest import finish_manifest, new_manifest
+from runfolder.parameters import job_parameters
 from schemas.base import InputError
 from schemas.config import JobConfig, validate_config
 from schemas.rows import error_row, rows_to_table
@@ -122,7 +123,8 @@ def execute(plan: Plan, staged: StagedPrompts | None, log: Callable[[str], None]
     config, folder = plan.config, plan.folder
     if plan.mode == "overwrite":
         folder.clear()
-    manifest = new_manifest(config, prompts=staged.rows if staged is not None else len(folder.read_prompt_ids()))
+    manifest = new_manifest(config, prompts=staged.rows if staged is not None else len(folder.read_prompt_ids()),
+                            parameters=job_parameters(resolved(config)))  # for the report's compute basis
     folder.write_manifest(manifest)
     if staged is not None:
         folder.install_prompts(staged.path, staged.rows)

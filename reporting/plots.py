@@ -3,7 +3,9 @@
 Each plot has a ``*_figure`` function that takes plain numbers and returns the matplotlib Figure (tests count its
 marks: artists carry a ``gid`` such as ``run:LABEL``, ``frontier``, ``iso:K``), and a function of the same name
 without ``_figure`` that returns PNG bytes, so the report can write them to any filesystem. Every mark has a
-legend entry; run labels are placed where they overlap no other label, marker or error bar (`place_labels`).
+legend entry, and every legend sits beside or below its axes, never over the marks; run labels are placed inside
+the axes where they overlap no other label, marker or error bar (`place_labels`). Axes name their units: the cost
+basis on x (FLOPs in an SI unit, or dollars), the reward's own units on y (`runfolder.runs.REWARD_UNITS`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter
 from matplotlib.transforms import Bbox, ScaledTranslation
+
+from reporting.tolerance import positive
 
 DPI = 110
 FONT = 8
@@ -57,34 +61,42 @@ def place_labels(ax, anchors: list[tuple], obstacles: list[Bbox], fontsize: floa
                  color: str = "black") -> list:
     """Annotate each anchor (x, y, text, gid[, first offset]) in data coordinates at the first offset (the anchor's
     own first, then OFFSETS) whose text box overlaps no earlier label and no obstacle (display-space boxes) and stays
-    inside the axes; a label moved past the first ring gets a thin leader line. Returns the annotations. Needs the
-    axes' limits to be final."""
+    inside the axes; where none is free, the offset inside the axes with the fewest overlaps, so a label never
+    leaves the axes for the legend beside them. A label moved past the first ring gets a thin leader line. Returns
+    the annotations. Needs the axes' limits to be final."""
     fig = ax.figure
     renderer = fig.canvas.get_renderer()
     frame = ax.get_window_extent(renderer)
     placed: list[Bbox] = []
     out = []
     for x, y, text, gid, *prefer in anchors:
-        best = None
+        best, fallback = None, None
         for k, (dx, dy) in enumerate(prefer + OFFSETS):
             k -= len(prefer)
             ha = "left" if dx > 0 else "right" if dx < 0 else "center"
             va = "bottom" if dy > 0 else "top" if dy < 0 else "center"
-            ann = ax.annotate(text, (x, y), textcoords="offset points", xytext=(dx, dy), ha=ha, va=va,
-                              fontsize=fontsize, color=color, gid=gid,
-                              arrowprops=None if k < 8 else {"arrowstyle": "-", "color": "0.5", "lw": 0.6})
+            spot = {"xytext": (dx, dy), "ha": ha, "va": va,
+                    "arrowprops": None if k < 8 else {"arrowstyle": "-", "color": "0.5", "lw": 0.6}}
+            ann = ax.annotate(text, (x, y), textcoords="offset points", fontsize=fontsize, color=color, gid=gid,
+                              **spot)
             box = ann.get_window_extent(renderer).padded(2)
-            inside = (box.x0 >= frame.x0 and box.x1 <= frame.x1 and box.y0 >= frame.y0 and box.y1 <= frame.y1)
-            if inside and not any(box.overlaps(b) for b in placed + obstacles):
-                best = (ann, box)
-                break
             ann.remove()
-        if best is None:  # nowhere free: the first offset, drawn anyway
-            ann = ax.annotate(text, (x, y), textcoords="offset points", xytext=OFFSETS[0], fontsize=fontsize,
-                              color=color, gid=gid)
-            best = (ann, ann.get_window_extent(renderer).padded(2))
-        placed.append(best[1])
-        out.append(best[0])
+            inside = (box.x0 >= frame.x0 and box.x1 <= frame.x1 and box.y0 >= frame.y0 and box.y1 <= frame.y1)
+            if not inside:
+                continue
+            hits = sum(box.overlaps(b) for b in placed + obstacles)
+            if hits == 0:
+                best = (spot, box)
+                break
+            if fallback is None or hits < fallback[0]:
+                fallback = (hits, spot, box)
+        if best is None:  # nowhere free: the spot inside the axes with the fewest overlaps (never over the legend)
+            best = fallback[1:] if fallback is not None else (
+                {"xytext": (0, 0), "ha": "center", "va": "center", "arrowprops": None}, None)
+        ann = ax.annotate(text, (x, y), textcoords="offset points", fontsize=fontsize, color=color, gid=gid,
+                          **best[0])
+        placed.append(best[1] if best[1] is not None else ann.get_window_extent(renderer).padded(2))
+        out.append(ann)
     return out
 
 
@@ -160,20 +172,35 @@ def _usd_tick(v: float, _pos=None) -> str:
 # (a) Mean best reward against USD per prompt: the cost-reward frontier
 
 
+def flop_unit(values: list[float]) -> tuple[float, str]:
+    """(scale, unit) to show FLOPs in: the largest SI prefix the biggest value reaches (1e9, "GFLOP")."""
+    top = max((abs(v) for v in values), default=0.0)
+    for scale, prefix in ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if top >= scale:
+            return scale, f"{prefix}FLOP"
+    return 1.0, "FLOP"
+
+
 def reward_vs_cost_figure(points: list[dict], frontier: list[str], single_sample: float | None = None,
                           baseline_reward: float | None = None, usd_per_device_hour: float | None = None,
-                          prompts: int | None = None) -> Figure:
-    """One point per run at (USD per prompt, mean best reward) with its bootstrap interval as error bar; the
+                          prompts: int | None = None, basis: str = "usd", reward_units: str = "reward") -> Figure:
+    """One point per run at (cost per prompt, mean best reward) with its bootstrap interval as error bar; the
     frontier as a line through its runs (cheapest first); the baseline's single-sample reward and mean best reward
-    as levels; lines of equal reward gained per USD, (reward - single_sample) / USD, through (0, single_sample).
+    as levels; lines of equal reward gained per unit of cost, (reward - single_sample) / cost, through
+    (0, single_sample).
 
-    points: dicts with label, method, usd, reward, low, high, on_frontier, is_baseline, below_baseline.
-    usd_per_device_hour: the price shared by every run, if one; then a top axis shows device-seconds per prompt.
+    points: dicts with label, method, cost, reward, low, high, on_frontier, is_baseline, below_baseline; cost is
+    FLOPs per prompt for basis "compute" (drawn in the SI unit its largest value reaches) and USD for "usd".
+    usd_per_device_hour: the price shared by every run, if one; then, on the USD basis, a top axis shows
+    device-seconds per prompt. reward_units: what the reward measures, for the y axis.
     """
+    compute = basis == "compute"
+    scale, unit = flop_unit([p["cost"] for p in points]) if compute else (1.0, "USD")
+    points = [{**p, "x": p["cost"] / scale} for p in points]  # x: the cost in the axis' unit
     fig = _new_figure(10.5, 5.6)
     ax = fig.add_subplot()
     fig.subplots_adjust(left=0.09, right=0.66, bottom=0.11, top=0.86)
-    xs = [p["usd"] for p in points]
+    xs = [p["x"] for p in points]
     ys = [v for p in points for v in (p["low"], p["high"], p["reward"])]
     ys += [v for v in (single_sample, baseline_reward) if v is not None]
     log_x = min(xs) > 0 and max(xs) / min(xs) > 20
@@ -195,13 +222,15 @@ def reward_vs_cost_figure(points: list[dict], frontier: list[str], single_sample
                                   label="baseline's mean best reward (below it: below the baseline)"))
     iso_labels = []
     if single_sample is not None:
-        gains = [(p["reward"] - single_sample) / p["usd"] for p in points if p["usd"] > 0]
-        levels = nice_levels(gains)
+        # runs that gain reward (beyond float noise: the baseline itself gains ~0), within 3 decades of the best
+        gains = [(p["reward"] - single_sample) / p["x"] for p in points
+                 if p["x"] > 0 and positive(p["reward"] - single_sample)]
+        levels = nice_levels([g for g in gains if g >= max(gains) / 1000]) if gains else []
         n = 200
         grid = [x0 * (x1 / x0) ** (i / n) for i in range(n + 1)] if log_x else [x1 * i / n for i in range(n + 1)]
         for j, k in enumerate(levels):
             line = ax.plot(grid, [single_sample + k * x for x in grid], color="0.75", lw=0.8, ls="-", zorder=0,
-                           gid=f"iso:{k:g}", label="equal reward gained per USD (value at the line's end)"
+                           gid=f"iso:{k:g}", label=f"equal reward gained per {unit} (value at the line's end)"
                            if j == 0 else "_nolegend_")[0]
             if j == 0:
                 handles.append(line)
@@ -210,15 +239,15 @@ def reward_vs_cost_figure(points: list[dict], frontier: list[str], single_sample
             right = single_sample + k * x1 <= y1
             xe = x1 if right else (y1 - single_sample) / k
             if xe > x0:
-                iso_labels.append((xe, single_sample + k * xe, f"{k:g} / USD", f"iso-label:{k:g}",
+                iso_labels.append((xe, single_sample + k * xe, f"{k:g} / {unit}", f"iso-label:{k:g}",
                                    (-4, 6) if right else (-4, -4)))
 
     front = sorted((p for p in points if p["label"] in frontier), key=lambda p: frontier.index(p["label"]))
-    handles.append(ax.plot([p["usd"] for p in front], [p["reward"] for p in front], color="C3", lw=1.8, zorder=1,
+    handles.append(ax.plot([p["x"] for p in front], [p["reward"] for p in front], color="C3", lw=1.8, zorder=1,
                            gid="frontier", label="cost-reward frontier (no run is cheaper and better)")[0])
 
-    dodge = _dodges(ax, [(p["usd"], p["low"], p["high"]) for p in points])
-    obstacles = _line_boxes(ax, [p["usd"] for p in front], [p["reward"] for p in front])
+    dodge = _dodges(ax, [(p["x"], p["low"], p["high"]) for p in points])
+    obstacles = _line_boxes(ax, [p["x"] for p in front], [p["reward"] for p in front])
     for i, (p, dx) in enumerate(zip(points, dodge)):
         star = p.get("is_baseline")
         size = 13 if star else 8
@@ -226,7 +255,7 @@ def reward_vs_cost_figure(points: list[dict], frontier: list[str], single_sample
         tags = [t for t, on in (("baseline", star), ("frontier", p["on_frontier"]),
                                 ("dominated", not p["on_frontier"]), ("below baseline", p.get("below_baseline")))
                 if on]
-        c = ax.errorbar([p["usd"]], [p["reward"]], yerr=[[p["reward"] - p["low"]], [p["high"] - p["reward"]]],
+        c = ax.errorbar([p["x"]], [p["reward"]], yerr=[[p["reward"] - p["low"]], [p["high"] - p["reward"]]],
                         fmt="*" if star else "o", markersize=size, capsize=4, color=color, zorder=3,
                         markerfacecolor=color if p["on_frontier"] else "white", markeredgewidth=1.5,
                         transform=ax.transData + ScaledTranslation(dx / 72, 0, fig.dpi_scale_trans),
@@ -237,7 +266,7 @@ def reward_vs_cost_figure(points: list[dict], frontier: list[str], single_sample
         for bar in c.lines[2]:
             bar.set_gid(f"bar:{p['label']}")
         handles.append(c)
-        obstacles += [_marker_box(ax, p["usd"], p["reward"], size, dx), _bar_box(ax, p["usd"], p["low"], p["high"], dx)]
+        obstacles += [_marker_box(ax, p["x"], p["reward"], size, dx), _bar_box(ax, p["x"], p["low"], p["high"], dx)]
     handles.append(Line2D([], [], ls="none", marker="o", markerfacecolor="white", markeredgecolor="0.3",
                           label="open marker: dominated run; bars: 95% bootstrap interval over prompts"))
     if any(dodge):
@@ -245,19 +274,25 @@ def reward_vs_cost_figure(points: list[dict], frontier: list[str], single_sample
                               label="runs on nearly one spot: drawn a few pixels apart"))
     place_labels(ax, iso_labels, obstacles, fontsize=7, color="0.45")
     iso_boxes = [t.get_window_extent(fig.canvas.get_renderer()).padded(2) for t in ax.texts]
-    order = sorted(range(len(points)), key=lambda i: points[i]["usd"])
-    place_labels(ax, [(points[i]["usd"], points[i]["reward"], points[i]["label"], f"label:{points[i]['label']}")
+    order = sorted(range(len(points)), key=lambda i: points[i]["x"])
+    place_labels(ax, [(points[i]["x"], points[i]["reward"], points[i]["label"], f"label:{points[i]['label']}")
                       for i in order], obstacles + iso_boxes)
 
-    ax.xaxis.set_major_formatter(FuncFormatter(_usd_tick))
-    ax.set_xlabel("USD per prompt (device-seconds / 3600 x USD per device-hour)")
-    ax.set_ylabel("mean best reward (reward model's units)")
-    if usd_per_device_hour:
+    if compute:
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos=None: f"{v:g}"))
+        ax.set_xlabel(f"compute per prompt ({unit}: 2 x parameters x tokens processed, per model)")
+    else:
+        ax.xaxis.set_major_formatter(FuncFormatter(_usd_tick))
+        ax.set_xlabel("USD per prompt, measured (device-seconds / 3600 x USD per device-hour)")
+    ax.set_ylabel(f"mean best reward ({reward_units})")
+    if usd_per_device_hour and not compute:
         per_s = usd_per_device_hour / 3600.0
         top = ax.secondary_xaxis("top", functions=(lambda u: u / per_s, lambda s: s * per_s))
         top.set_xlabel(f"device-seconds per prompt (at ${usd_per_device_hour:g} per device-hour)", fontsize=9)
     where = f", {prompts} prompts every run completed" if prompts else ""
-    ax.set_title(f"Mean best reward against USD per prompt: the cost-reward frontier{where}", fontsize=10, pad=28)
+    what = "compute" if compute else "USD"
+    ax.set_title(f"Mean best reward against {what} per prompt: the cost-reward frontier{where}", fontsize=10,
+                 pad=28 if (usd_per_device_hour and not compute) else 8)
     ax.grid(True, alpha=0.3)
     _legend_outside(ax, handles)
     return fig
@@ -272,10 +307,11 @@ def reward_vs_cost(*args, **kwargs) -> bytes:
 # (b) Paper 001's view: improvement score against relative compute
 
 
-def improvement_vs_relative_compute_figure(points: list[dict], baseline: str) -> Figure:
+def improvement_vs_relative_compute_figure(points: list[dict], baseline: str, basis: str = "usd") -> Figure:
     """One point per run at (relative compute, improvement score) against the baseline (paper 001, figure 3).
 
-    points: dicts with label, method, relative_compute, improvement_score, below_baseline.
+    points: dicts with label, method, relative_compute, improvement_score, below_baseline; relative_compute is the
+    ratio of FLOPs for basis "compute", of device-seconds (the paper's) for "usd".
     """
     fig = _new_figure(10.0, 5.2)
     ax = fig.add_subplot()
@@ -312,7 +348,8 @@ def improvement_vs_relative_compute_figure(points: list[dict], baseline: str) ->
     place_labels(ax, [(points[i]["relative_compute"], points[i]["improvement_score"], points[i]["label"],
                        f"label:{points[i]['label']}") for i in order], obstacles)
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}x"))
-    ax.set_xlabel(f"relative compute (device-seconds per prompt / {baseline}'s; paper 001 eq. 7)")
+    what = "FLOPs" if basis == "compute" else "device-seconds"
+    ax.set_xlabel(f"relative compute ({what} per prompt / {baseline}'s; paper 001 eq. 7)")
     ax.set_ylabel("improvement score (paper 001 eq. 8)")
     ax.set_title(f"Improvement score against relative compute, baseline {baseline}", fontsize=10)
     ax.grid(True, alpha=0.3)
@@ -329,13 +366,14 @@ def improvement_vs_relative_compute(*args, **kwargs) -> bytes:
 # (c) Distribution of best rewards, (d) partial against final reward, (e) correlation histograms
 
 
-def best_reward_distribution_figure(series: list[tuple[str, list[float]]]) -> Figure:
-    """Box plot of the per-prompt best rewards of each run (label, rewards)."""
+def best_reward_distribution_figure(series: list[tuple[str, list[float]]], reward_units: str = "reward") -> Figure:
+    """Box plot of the per-prompt best rewards of each run (label, rewards), all scored by one reward whose units
+    label the y axis."""
     fig = _new_figure(max(6.5, 1.4 * len(series) + 3.5), 4.5)
     ax = fig.add_subplot()
     parts = ax.boxplot([s for _, s in series], showmeans=True)
     ax.set_xticks(range(1, len(series) + 1), [label for label, _ in series], rotation=20, ha="right", fontsize=9)
-    ax.set_ylabel("best reward of a prompt (reward model's units)")
+    ax.set_ylabel(f"best reward of a prompt ({reward_units})")
     ax.set_title("Best reward per prompt, by run", fontsize=10)
     ax.grid(True, axis="y", alpha=0.3)
     handles = [Patch(facecolor="none", edgecolor="black", label="box: 25th to 75th percentile"),
@@ -350,9 +388,9 @@ def best_reward_distribution_figure(series: list[tuple[str, list[float]]]) -> Fi
     return fig
 
 
-def best_reward_distribution(series: list[tuple[str, list[float]]]) -> bytes:
+def best_reward_distribution(series: list[tuple[str, list[float]]], reward_units: str = "reward") -> bytes:
     """PNG of best_reward_distribution_figure."""
-    return _png(best_reward_distribution_figure(series))
+    return _png(best_reward_distribution_figure(series, reward_units))
 
 
 def partial_vs_final_figure(points: dict[int, tuple[list[float], list[float]]], title: str) -> Figure:
@@ -361,8 +399,9 @@ def partial_vs_final_figure(points: dict[int, tuple[list[float], list[float]]], 
     points: decision index -> (partial rewards, final rewards). The candidate(s) with the highest final reward
     are ringed in red, as in paper 001's figure 2.
     """
-    fig = _new_figure(6.5, 5)
+    fig = _new_figure(8.5, 5)
     ax = fig.add_subplot()
+    fig.subplots_adjust(right=0.72)
     top = max(y for _, ys in points.values() for y in ys)
     ringed = False
     for d, (xs, ys) in sorted(points.items()):
@@ -375,7 +414,7 @@ def partial_vs_final_figure(points: dict[int, tuple[list[float], list[float]]], 
     ax.set_ylabel("final reward")
     ax.set_title(title, fontsize=10)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
+    _legend_outside(ax, ax.get_legend_handles_labels()[0])  # beside the axes: no point hides behind it
     return fig
 
 
@@ -386,15 +425,17 @@ def partial_vs_final(points: dict[int, tuple[list[float], list[float]]], title: 
 
 def correlation_histograms_figure(pearson: list[float], kendall: list[float], title: str) -> Figure:
     """Histograms over prompts of Pearson's r and Kendall's tau (paper 001, figure 4)."""
-    fig = _new_figure(9, 3.8)
+    fig = _new_figure(9, 4.2)
     for i, (name, values) in enumerate((("Pearson r", pearson), ("Kendall tau", kendall))):
         ax = fig.add_subplot(1, 2, i + 1)
         ax.hist(values, bins=20, range=(-1, 1), color=f"C{i}", alpha=0.85, label=f"prompts by {name}")
         ax.set_xlabel(name)
         ax.set_ylabel("prompts")
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8, loc="upper left")
+        # below the axes, where no bar can be
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)
     fig.suptitle(title, fontsize=10)
+    fig.subplots_adjust(bottom=0.25)
     return fig
 
 

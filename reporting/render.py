@@ -1,8 +1,10 @@
 """Assembling the report of runs against a baseline: `report.json`, `report.md` and its PNG plots.
 
-The numbers come from `reporting.stats` and `reporting.frontier` (definitions there and in the report's own
-"Definitions" section); this module orders them, writes the headline (the cost-reward frontier, the dominated runs
-and what dominates them, and the runs below the baseline's reward), and writes the files.
+The numbers come from `reporting.stats`, `reporting.cost` and `reporting.frontier` (definitions there and in the
+report's own "Definitions" section); this module groups the runs by reward definition (runs whose rewards are on
+different scales are never ranked together: each group gets its own frontier and baseline), orders the numbers,
+writes the headline of each group (the cost-reward frontier, the dominated runs and what dominates them, and the
+runs below the baseline's reward) and the lines said on the terminal, and writes the files.
 """
 
 from __future__ import annotations
@@ -12,24 +14,44 @@ import posixpath
 import re
 
 from reporting import plots as report_plots
-from reporting.frontier import build_frontier
+from reporting.cost import COMPUTE, USD, run_cost
+from reporting.frontier import build_frontier, fmt_cost, fmt_pair
 from reporting.stats import compare, correlation_points, correlations, finite, ok_rows, run_summary, sample_prompt
+from reporting.tolerance import ABS_TOL, REL_TOL
 from runfolder.outputs import staged_out, write_bytes
-from runfolder.runs import Run, reward_mismatch, unique_labels
+from runfolder.runs import Run, describe_groups, reward_groups, unique_labels
+
+BASIS_NAMES = {COMPUTE: "compute (FLOPs per prompt)", USD: "measured USD per prompt"}
 
 DEFINITIONS = {
-    "baseline": "the run given with --baseline; without it, the first RUN_DIR",
-    "USD": "device_seconds / 3600 x cost.usd_per_device_hour of the run's own manifest",
+    "baseline": "the run given with --baseline; without it, the first RUN_DIR. Runs scored by another reward than "
+    "the baseline's are compared with the first run given of their own reward",
+    "reward definition": "models.reward.kind and what identifies it: the reward model's path (model), the target "
+    "(logprob: its reward is the target's own log-probability), the concepts column (lexical), the function "
+    "(python). Runs with different definitions are never ranked against each other: each definition has its own "
+    "frontier, baseline and tables",
+    "compute": "FLOPs per prompt, 2 x parameters x tokens processed, summed over the models: target parameters x "
+    "cost.target_tokens + draft parameters x cost.draft_tokens + reward-scoring parameters x cost.reward_tokens "
+    "(the reward model's for a model reward, the target's for logprob, none for lexical and python); parameters "
+    "from the run's manifest, or for older runs from the model folders its config names; it does not move with "
+    "the machine's load",
+    "USD": "measured: device_seconds / 3600 x cost.usd_per_device_hour of the run's own manifest; it moves with the "
+    "machine's load",
+    "basis": "the cost the frontier and the rankings use: compute (the default) or measured USD (--basis usd); a "
+    "reward group with a run whose compute is unknown is ranked by measured USD, and the report says which runs",
+    "the same": f"two numbers a and b are the same when |a - b| <= max({REL_TOL:g} x max(|a|, |b|), {ABS_TOL:g}) "
+    "(float noise); every comparison the report states (cheaper, more reward, below the baseline, a gain) is "
+    "beyond it",
     "per prompt": "mean over the run's prompts without an error; totals include errored rows",
-    "frontier's prompts": "the prompt_ids every run with data completed (no error, a best reward); the frontier's "
-    "USD per prompt, mean best reward and intervals are over these prompts. A run without any completed prompt is "
-    "not placed",
-    "dominates": "run A dominates run B when A's USD per prompt is no higher and its mean best reward no lower, and "
+    "frontier's prompts": "the prompt_ids every run of the reward group with data completed (no error, a best "
+    "reward); the frontier's cost per prompt, mean best reward and intervals are over these prompts. A run without "
+    "any completed prompt is not placed",
+    "dominates": "run A dominates run B when A's cost per prompt is no higher and its mean best reward no lower, and "
     "one of the two strictly better",
     "cost-reward frontier": "the runs no other run dominates, cheapest first: for a reward you need, the cheapest "
     "run that reaches it is on the frontier",
-    "marginal USD per unit of reward": "on the frontier, (USD per prompt - the previous point's) / (mean best reward "
-    "- the previous point's): what each extra unit of reward costs on that step",
+    "marginal cost per unit of reward": "on the frontier, (cost per prompt - the previous point's) / (mean best "
+    "reward - the previous point's): what each extra unit of reward costs on that step",
     "95% interval": "percentile bootstrap interval of the mean best reward over prompts: 2,000 resamples of the "
     "frontier's prompts with replacement, numpy default_rng(seed 0), every run resampled with the same prompt draws "
     "(paired); the same runs give the same intervals",
@@ -42,14 +64,15 @@ DEFINITIONS = {
     "response; averaged over prompts both runs completed; prompts with max = min are left out and counted",
     "relative compute": "paper 001 eq. 7, T / T_baseline with T = device-seconds: the ratio of summed "
     "device-seconds over the prompts both runs completed; relative_compute_mean_of_ratios is the per-prompt ratio "
-    "averaged over prompts",
+    "averaged over prompts; relative FLOPs is the same ratio of summed compute",
     "baseline single-sample reward": "per prompt, the mean final reward of the baseline's finished candidates "
     "(the expected reward of one sample with no selection)",
     "reward gain": "the run's best reward minus the baseline single-sample reward, per prompt, averaged",
-    "reward gained per USD": "mean reward gain / mean USD per prompt, over the prompts matched with the baseline: a "
-    "ratio of averages, so a run cheap enough scores high however little it gains; read it with the frontier, "
-    "not as a ranking of worth",
-    "USD per unit reward gained": "mean USD per prompt / mean reward gain; only where the mean gain is positive",
+    "reward gained per TFLOP (per USD)": "mean reward gain / mean compute (TFLOPs, 10^12 FLOPs) or measured USD per "
+    "prompt, over the prompts matched with the baseline, only where the mean gain is positive: a run that gains "
+    "nothing or loses reward is listed unranked. A ratio of averages, so a run cheap enough scores high however "
+    "little it gains; read it with the frontier, not as a ranking of worth",
+    "FLOPs (USD) per unit reward gained": "the inverse; only where the mean gain is positive",
     "USD per unit reward (raw)": "USD per prompt / mean best reward; only where the mean best reward is positive",
     "correlation": "paper 001 appendix B: per prompt and decision index, Pearson r and Kendall tau-b (scipy) "
     "between partial reward at that decision and final reward, over candidates that have both (rejected "
@@ -67,34 +90,82 @@ def order_runs(runs: list[Run], baseline: Run | None) -> tuple[list[Run], int]:
     return [baseline, *runs], 0
 
 
-def build_report(runs: list[Run], base_index: int) -> dict:
-    """Every number of the report as one JSON-able dict (NaN-free)."""
+def _identity(spec: str) -> str:
+    return spec
+
+
+def build_report(runs: list[Run], base_index: int, basis: str = COMPUTE, resolve=_identity) -> dict:
+    """Every number of the report as one JSON-able dict (NaN-free). Runs are grouped by reward definition (the
+    baseline's group first); each group is ranked on `basis` (measured USD where a run of it has no compute) against
+    its own baseline. `resolve` turns a config's model location into a path (`assets.resolve` for `builtin:`
+    names), for runs whose manifest records no parameter counts."""
+    if basis not in (COMPUTE, USD):
+        raise ValueError(f"basis must be {COMPUTE!r} or {USD!r}; got {basis!r}")
     labels = unique_labels(runs)
-    base = runs[base_index]
-    block, per_run = build_frontier(runs, labels, base_index)
-    entries = []
-    for label, run, fr in zip(labels, runs, per_run):
-        entries.append({
-            "label": label, "name": run.name, "path": run.uri, "method": run.method,
-            "engine": run.engine, "config_hash": run.manifest.config_hash, "status": run.status,
-            **run_summary(run),
-            "frontier": fr,
-            "vs_baseline": compare(run, base),
-            "correlation": correlations(run),
+    costs = [run_cost(run, resolve) for run in runs]
+    grouped = sorted(reward_groups(runs), key=lambda g: base_index not in g[1])  # the baseline's group first
+    entries: list[dict] = [{} for _ in runs]
+    groups = []
+    for n, (definition, members) in enumerate(grouped):
+        g_base = base_index if base_index in members else members[0]
+        missing = [i for i in members if costs[i].problem is not None]
+        g_basis = USD if (basis == COMPUTE and missing) else basis
+        note = None
+        if g_basis != basis:
+            note = ("ranked by measured USD, not compute: " + "; ".join(
+                f"{labels[i]} has no compute ({costs[i].problem})" for i in missing))
+        block, per_run = build_frontier([runs[i] for i in members], [labels[i] for i in members],
+                                        members.index(g_base), [costs[i] for i in members], g_basis)
+        for i, fr in zip(members, per_run):
+            run = runs[i]
+            entries[i] = {
+                "label": labels[i], "name": run.name, "path": run.uri, "method": run.method,
+                "engine": run.engine, "config_hash": run.manifest.config_hash, "status": run.status,
+                "group": n, "reward": definition.text, "reward_kind": definition.kind,
+                **run_summary(run, costs[i]),
+                "frontier": fr,
+                "vs_baseline": compare(run, runs[g_base], costs[i], costs[g_base]),
+                "correlation": correlations(run),
+            }
+        key = "reward_gain_per_tflop" if g_basis == COMPUTE else "reward_gain_per_usd"
+        ranked = sorted((i for i in members if entries[i]["vs_baseline"][key] is not None),
+                        key=lambda i: -entries[i]["vs_baseline"][key])
+        groups.append({
+            "reward": definition.text, "reward_kind": definition.kind, "reward_units": definition.units,
+            "runs": [labels[i] for i in members], "baseline": labels[g_base], "baseline_path": runs[g_base].uri,
+            "basis": g_basis, "basis_note": note, "frontier": block, "ranked_by": key,
+            "ranking": [labels[i] for i in ranked],
         })
-    ranked = sorted(
-        (e for e in entries if e["vs_baseline"]["reward_gain_per_usd"] is not None),
-        key=lambda e: -e["vs_baseline"]["reward_gain_per_usd"],
-    )
+    from_folders = [labels[i] for i, c in enumerate(costs) if c.source == "model folders" and c.problem is None]
     return finite({
+        "basis": basis,
         "baseline": labels[base_index],
-        "baseline_path": base.uri,
-        "frontier": block,
-        "ranking": [e["label"] for e in ranked],
-        "warnings": [w for w in [reward_mismatch(runs)] if w],
+        "baseline_path": runs[base_index].uri,
+        "groups": groups,
+        "frontier": groups[0]["frontier"],  # the baseline's group, as in reports before groups
+        "ranking": groups[0]["ranking"],
+        "notes": _notes(runs, grouped, groups, from_folders),
         "definitions": DEFINITIONS,
         "runs": entries,
     })
+
+
+def _notes(runs: list[Run], grouped: list, groups: list[dict], from_folders: list[str]) -> list[str]:
+    """What the reader must know before the numbers: reward groups (one line each, after a newline and "- "), basis
+    fallbacks, parameter counts read from model folders. Said on the terminal and at the top of report.md."""
+    notes = []
+    if len(groups) > 1:
+        notes.append(f"the runs are scored by {len(groups)} different reward definitions, whose values cannot be "
+                     "compared, so each is ranked on its own frontier against its own baseline:"
+                     + "".join(f"\n- {line} (baseline {g['baseline']})"
+                               for line, g in zip(describe_groups(runs, grouped), groups)))
+    for g in groups:
+        if g["basis_note"]:
+            notes.append(f"{g['reward']}: {g['basis_note']}" if len(groups) > 1 else g["basis_note"])
+    if from_folders:
+        notes.append(f"parameter counts of {', '.join(from_folders)} were read from the model folders named in "
+                     "their config (their manifests predate recorded counts)")
+    return notes
 
 
 def _f(x, digits: int = 4) -> str:
@@ -103,6 +174,16 @@ def _f(x, digits: int = 4) -> str:
 
 def _usd(x) -> str:
     return "n/a" if x is None else f"${x:.3g}"
+
+
+def _count(x) -> str:
+    """A parameter count with an SI prefix: 852k, 1.3M, 7.2B; ? when it could not be counted."""
+    if x is None:
+        return "?"
+    for scale, prefix in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if x >= scale:
+            return f"{x / scale:.3g}{prefix}"
+    return str(x)
 
 
 def _interval(fr: dict) -> str:
@@ -122,103 +203,117 @@ def _vs_base(fr: dict) -> str:
     return "not below"
 
 
-def headline(report: dict) -> str:
-    """The paragraph that answers "which runs are worth their cost": the frontier cheapest first, with the marginal
-    cost of each step, the dominated runs and what dominates them, and every run below the baseline's reward."""
+def basis_line(report: dict) -> str:
+    """Which cost the report ranks by, first thing in report.md and on the terminal."""
+    if report["basis"] == COMPUTE:
+        text = ("Ranked by **compute**: FLOPs per prompt, 2 x parameters x tokens processed by the target, draft and "
+                "reward model, which does not move with the machine's load. Measured device-seconds and USD are in "
+                "the tables beside it; they do.")
+    else:
+        text = ("Ranked by **measured USD** (--basis usd): device-seconds x the runs' price per device-hour, which "
+                "on a shared machine moves with its load, and the verdict with it. Compute (FLOPs) is in the tables.")
+    fallback = [g for g in report["groups"] if g["basis"] != report["basis"]]
+    if fallback:
+        text += " Some runs have no compute, so their reward group is ranked by measured USD (below)."
+    return text
+
+
+def headline(report: dict, group: dict) -> str:
+    """The block that answers "which runs are worth their cost" for one reward group: the frontier cheapest first,
+    with the marginal cost of each step, the dominated runs and what dominates them, and every run below the
+    baseline's reward. Only basis costs and rewards: on the compute basis the same runs give the same block."""
     runs = {e["label"]: e for e in report["runs"]}
-    fr = report["frontier"]
+    fr, basis = group["frontier"], group["basis"]
     if not fr["order"]:
         why = "; ".join(f"{label}: {reason}" for label, reason in fr["not_placed"].items())
         return f"No run could be placed on the cost-reward frontier ({why})."
     base_r = fr["baseline_mean_best_reward"]
-    parts = []
-    for label in fr["order"]:
+    lines = [f"**Worth their cost**: the cost-reward frontier by {BASIS_NAMES[basis]}, cheapest first; mean best "
+             f"reward [95% interval] over the {fr['prompts']} prompts every run completed.", ""]
+    for k, label in enumerate(fr["order"]):
         e = runs[label]
         f = e["frontier"]
-        s = (f"**{label}** ({e['method']}{', the baseline' if f['is_baseline'] else ''}) {_interval(f)} for "
-             f"{_usd(f['usd_per_prompt'])} per prompt")
-        if f["marginal_usd_per_reward"] is not None:
-            s += f", {_usd(f['marginal_usd_per_reward'])} per extra unit of reward over {f['previous']}"
+        s = (f"{k + 1}. **{label}** ({e['method']}{', the baseline' if f['is_baseline'] else ''}): {_interval(f)} "
+             f"at {fmt_cost(f['cost_per_prompt'], basis)} per prompt")
+        if f["marginal_cost_per_reward"] is not None:
+            s += f"; {fmt_cost(f['marginal_cost_per_reward'], basis)} per extra unit of reward over {f['previous']}"
             if f["step_within_intervals"]:
                 s += " (the two within each other's intervals)"
         elif f["previous"] is not None:
-            s += f", the same point as {f['previous']}"
+            s += f"; the same point as {f['previous']}"
         if f["below_baseline"]:
             tie = ", within each other's intervals" if f["below_baseline_within_intervals"] else ""
-            s += f", **below the baseline's reward** ({_f(f['mean_best_reward'], 3)} < {_f(base_r, 3)}{tie})"
-        parts.append(s)
-    text = (f"**Worth their cost**, the cost-reward frontier (no other run is both cheaper and better; cheapest "
-            f"first; mean best reward [95% interval] over the {fr['prompts']} prompts every run completed): "
-            + "; then ".join(parts) + ".")
+            mine, theirs = fmt_pair(f["mean_best_reward"], base_r)
+            s += f"; **below the baseline's reward** ({mine} < {theirs}{tie})"
+        lines.append(s + ".")
     if fr["dominated"]:
-        text += " **Not worth their cost** (dominated): " + "; ".join(
-            f"**{label}** ({runs[label]['method']}), {runs[label]['frontier']['verdict']}"
-            for label in fr["dominated"]) + "."
+        lines += ["", "**Not worth their cost** (dominated):", ""]
+        for label in fr["dominated"]:
+            f = runs[label]["frontier"]
+            lines.append(f"- **{label}** ({runs[label]['method']}{', the baseline' if f['is_baseline'] else ''}): "
+                         f"{f['verdict']}.")
     else:
-        text += " No run is dominated."
+        lines += ["", "No run is dominated."]
     if fr["not_placed"]:
-        text += " Not placed: " + "; ".join(f"{label} ({why})" for label, why in fr["not_placed"].items()) + "."
-    return text
+        lines += ["", "Not placed: " + "; ".join(f"{label} ({why})" for label, why in fr["not_placed"].items())
+                  + "."]
+    return "\n".join(lines)
+
+
+def terminal_summary(report: dict) -> str:
+    """What `winnow report` prints: the basis, the notes (reward groups, basis fallbacks) and each group's
+    headline, as plain text."""
+    parts = [basis_line(report)]
+    parts += [f"Note: {n}".replace("\n- ", "\n  - ") + "." for n in report["notes"]]
+    for g in report["groups"]:
+        if len(report["groups"]) > 1:
+            parts.append(f"Scored by {g['reward']} (baseline {g['baseline']}):")
+        parts.append(headline(report, g))
+    return "\n\n".join(parts).replace("**", "")
 
 
 def render_markdown(report: dict, plots: dict[str, str]) -> str:
-    """report.md: the frontier first, then reward gained per USD, per-run costs, baseline metrics, correlations,
-    plots and definitions."""
+    """report.md: the basis and notes, then per reward group its frontier, reward gained per cost and the
+    comparison with its baseline; then per-run costs, correlations, plots and definitions."""
     runs = {e["label"]: e for e in report["runs"]}
-    fr = report["frontier"]
-    lines = ["# Winnow report: the cost-reward frontier", "", headline(report), "",
-             f"Baseline: **{report['baseline']}** (`{report['baseline_path']}`).", ""]
-    for warning in report["warnings"]:
-        lines += [f"**Warning:** {warning}.", ""]
-    lines += _frontier_section(report)
-    lines += ["", "## Reward gained per USD", "",
-              "One ratio of averages, sorted by it: the mean gain over the baseline's single-sample reward divided by "
-              "the mean USD per prompt. A run cheap enough scores high however little it gains, so it is no verdict "
-              "on its own; the frontier above is.", "",
-              "| rank | run | method | vs baseline's reward | prompts matched | mean best reward | "
-              "baseline single-sample reward | mean reward gain | USD / prompt | reward gained / USD | "
-              "USD / unit reward gained |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
-    unranked = [label for label in runs if label not in report["ranking"]]
-    for i, label in enumerate(report["ranking"] + unranked):
-        e, v = runs[label], runs[label]["vs_baseline"]
-        rank = str(i + 1) if label in report["ranking"] else "-"
-        lines.append(f"| {rank} | {label} | {e['method']} | {_vs_base(e['frontier'])} | "
-                     f"{v['prompts_with_baseline_rewards']} | "
-                     f"{_f(v['mean_best_reward_matched'])} | {_f(v['baseline_single_sample_reward'])} | "
-                     f"{_f(v['mean_reward_gain'])} | {_usd(v['usd_per_prompt_matched'])} | "
-                     f"{_f(v['reward_gain_per_usd'])} | {_usd(v['usd_per_reward_gain'])} |")
-    matched = {runs[label]["vs_baseline"]["prompts_with_baseline_rewards"] for label in runs}
-    if len(matched) > 1:
-        lines += ["", "Note: the runs were matched with the baseline on different numbers of prompts (errors or "
-                  "missing prompts), so their rows above average over different prompt sets."]
-    lines += ["", "## Runs", "",
-              "| run | method | engine | status | prompts | errors | mean best reward [95% interval] (std) | "
-              "generated tokens / prompt | target tokens / prompt | draft tokens / prompt | device-s / prompt | "
-              "USD / device-hour | USD / prompt | USD total | USD / unit reward (raw) |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    groups = report["groups"]
+    lines = ["# Winnow report: the cost-reward frontier", "", basis_line(report), ""]
+    for note in report["notes"]:
+        lines += [f"**Note:** {note}.", ""]
+    h = "##" if len(groups) == 1 else "###"
+    for g in groups:
+        if len(groups) > 1:
+            lines += [f"## Scored by {g['reward']}", ""]
+        lines += [headline(report, g), "",
+                  f"Baseline: **{g['baseline']}** (`{g['baseline_path']}`).", ""]
+        lines += _frontier_section(report, g, h)
+        lines += _ranking_section(report, g, h)
+        lines += _baseline_section(report, g, h)
+        lines.append("")
+    lines += ["## Runs", "",
+              "| run | method | engine | status | reward | prompts | errors | mean best reward [95% interval] "
+              "(std) | generated tokens / prompt | target / draft / reward tokens per prompt | parameters (target / "
+              "draft / reward) | compute / prompt | device-s / prompt | USD / device-hour | USD / prompt | "
+              "USD total | USD / unit reward (raw) |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for label, e in runs.items():
         ci = e["mean_best_reward_interval"]
         ci = "" if ci is None else f" [{_f(ci[0], 3)}, {_f(ci[1], 3)}]"
+        p = e["parameters"]
+        params = " / ".join(_count(p[r]) if (p[r] is not None or r in e["parameters_not_counted"]) else "-"
+                            for r in ("target", "draft", "reward"))
+        if e["parameters_source"] == "model folders":
+            params += " (from model folders)"
+        tokens = " / ".join(_f(e[f"{r}_tokens_per_prompt"]) for r in ("target", "draft", "reward"))
         lines.append(
-            f"| {label} | {e['method']} | {e['engine']} | {e['status']} | {e['prompts']} | {e['errors']} | "
-            f"{_f(e['mean_best_reward'])}{ci} ({_f(e['best_reward']['std'], 3)}) | "
-            f"{_f(e['generated_tokens_per_prompt'])} | {_f(e['target_tokens_per_prompt'])} | "
-            f"{_f(e['draft_tokens_per_prompt'])} | {_f(e['device_seconds_per_prompt'])} | "
+            f"| {label} | {e['method']} | {e['engine']} | {e['status']} | {e['reward']} | {e['prompts']} | "
+            f"{e['errors']} | {_f(e['mean_best_reward'])}{ci} ({_f(e['best_reward']['std'], 3)}) | "
+            f"{_f(e['generated_tokens_per_prompt'])} | {tokens} | {params} | "
+            f"{fmt_cost(e['flops_per_prompt'], COMPUTE)} | {_f(e['device_seconds_per_prompt'])} | "
             f"{_usd(e['usd_per_device_hour'])} | {_usd(e['usd_per_prompt'])} | {_usd(e['usd_total'])} | "
             f"{_usd(e['usd_per_reward'])} |")
-    lines += ["", "Intervals here are over each run's own prompts; the frontier's are over the prompts every run "
-              f"completed ({fr['prompts']})."]
-    lines += ["", "## Against the baseline (paper 001, equations 7 and 8)", "",
-              "| run | method | vs baseline's reward | matched prompts | improvement score | prompts scored | "
-              "left out (max = min) | relative compute | relative compute (mean of per-prompt ratios) |",
-              "|---|---|---|---|---|---|---|---|---|"]
-    for label, e in runs.items():
-        v = e["vs_baseline"]
-        lines.append(f"| {label} | {e['method']} | {_vs_base(e['frontier'])} | {v['matched_prompts']} | "
-                     f"{_f(v['improvement_score'])} | {v['improvement_score_prompts']} | "
-                     f"{v['improvement_score_excluded_equal_rewards']} | {_f(v['relative_compute'])} | "
-                     f"{_f(v['relative_compute_mean_of_ratios'])} |")
+    lines += ["", "Intervals here are over each run's own prompts; the frontiers' are over the prompts every run of "
+              "the reward group completed. Compute is n/a where a parameter count is missing (see the notes)."]
     lines += _correlation_section(runs)
     lines += ["", "## Plots", ""]
     for caption, name in plots.items():
@@ -229,27 +324,85 @@ def render_markdown(report: dict, plots: dict[str, str]) -> str:
     return "\n".join(lines)
 
 
-def _frontier_section(report: dict) -> list[str]:
-    """The frontier table: frontier runs cheapest first, then the dominated runs by cost, then the runs not placed."""
+def _members(report: dict, group: dict) -> dict:
     runs = {e["label"]: e for e in report["runs"]}
-    fr = report["frontier"]
-    lines = ["## Cost-reward frontier", "",
-             f"Over the {fr['prompts']} prompts every run completed; mean best reward with its 95% bootstrap "
-             "interval over prompts.", "",
-             "| run | method | frontier | USD / prompt | device-s / prompt | mean best reward [95% interval] | "
-             "marginal USD / unit reward | vs baseline's reward | verdict |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    return {label: runs[label] for label in group["runs"]}
+
+
+def _frontier_section(report: dict, group: dict, h: str) -> list[str]:
+    """The frontier table: frontier runs cheapest first, then the dominated runs by cost, then the runs not placed."""
+    runs = _members(report, group)
+    fr, basis = group["frontier"], group["basis"]
+    lines = [f"{h} Cost-reward frontier", "",
+             f"By {BASIS_NAMES[basis]}, over the {fr['prompts']} prompts every run completed; mean best reward with "
+             "its 95% bootstrap interval over prompts.", "",
+             "| run | method | frontier | compute / prompt | USD / prompt (measured) | device-s / prompt | mean best "
+             "reward [95% interval] | marginal cost / unit reward | vs baseline's reward | verdict |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     placed = [label for label, e in runs.items() if e["frontier"]["placed"]]
     dominated = sorted((label for label in placed if not runs[label]["frontier"]["on_frontier"]),
-                       key=lambda label: runs[label]["frontier"]["usd_per_prompt"])
+                       key=lambda label: runs[label]["frontier"]["cost_per_prompt"])
     for label in fr["order"] + dominated:
         e, f = runs[label], runs[label]["frontier"]
         where = f"yes ({f['position']})" if f["on_frontier"] else "dominated"
-        lines.append(f"| {label} | {e['method']} | {where} | {_usd(f['usd_per_prompt'])} | "
-                     f"{_f(f['device_seconds_per_prompt'])} | {_interval(f)} | "
-                     f"{_usd(f['marginal_usd_per_reward'])} | {_vs_base(f)} | {f['verdict']} |")
+        lines.append(f"| {label} | {e['method']} | {where} | {fmt_cost(f['flops_per_prompt'], COMPUTE)} | "
+                     f"{_usd(f['usd_per_prompt'])} | {_f(f['device_seconds_per_prompt'])} | {_interval(f)} | "
+                     f"{fmt_cost(f['marginal_cost_per_reward'], basis)} | {_vs_base(f)} | {f['verdict']} |")
     for label, why in fr["not_placed"].items():
-        lines.append(f"| {label} | {runs[label]['method']} | not placed | n/a | n/a | n/a | n/a | n/a | {why} |")
+        lines.append(f"| {label} | {runs[label]['method']} | not placed | n/a | n/a | n/a | n/a | n/a | n/a | {why} |")
+    return lines
+
+
+def _ranking_section(report: dict, group: dict, h: str) -> list[str]:
+    """Reward gained per unit of the basis, ranked; runs without a gain listed after, unranked."""
+    runs = _members(report, group)
+    compute = group["basis"] == COMPUTE
+    unit = "TFLOP" if compute else "USD"
+    lines = ["", f"{h} Reward gained per {unit}", "",
+             f"One ratio of averages, sorted by it: the mean gain over the baseline's single-sample reward divided by "
+             f"the mean {'compute' if compute else 'measured USD'} per prompt. A run cheap enough scores high however "
+             "little it gains, so it is no verdict on its own; the frontier above is. A run without a gain is not "
+             "ranked: the ratio of a loss to a cost would put the cheapest loss first.", "",
+             "| rank | run | method | vs baseline's reward | prompts matched | mean best reward | "
+             f"baseline single-sample reward | mean reward gain | {'compute' if compute else 'USD'} / prompt | "
+             f"reward gained / {unit} | {'FLOPs' if compute else 'USD'} / unit reward gained |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    unranked = [label for label in runs if label not in group["ranking"]]
+    for i, label in enumerate(group["ranking"] + unranked):
+        e, v = runs[label], runs[label]["vs_baseline"]
+        rank = str(i + 1) if label in group["ranking"] else "-"
+        if compute:
+            cost, per, inverse = (fmt_cost(v["flops_per_prompt_matched"], COMPUTE), _f(v["reward_gain_per_tflop"]),
+                                  fmt_cost(v["flops_per_reward_gain"], COMPUTE))
+        else:
+            cost, per, inverse = (_usd(v["usd_per_prompt_matched"]), _f(v["reward_gain_per_usd"]),
+                                  _usd(v["usd_per_reward_gain"]))
+        if v["gains_reward"] is False:
+            per = "no gain"
+        lines.append(f"| {rank} | {label} | {e['method']} | {_vs_base(e['frontier'])} | "
+                     f"{v['prompts_with_baseline_rewards']} | "
+                     f"{_f(v['mean_best_reward_matched'])} | {_f(v['baseline_single_sample_reward'])} | "
+                     f"{_f(v['mean_reward_gain'])} | {cost} | {per} | {inverse} |")
+    matched = {runs[label]["vs_baseline"]["prompts_with_baseline_rewards"] for label in runs}
+    if len(matched) > 1:
+        lines += ["", "Note: the runs were matched with the baseline on different numbers of prompts (errors or "
+                  "missing prompts), so their rows above average over different prompt sets."]
+    return lines
+
+
+def _baseline_section(report: dict, group: dict, h: str) -> list[str]:
+    runs = _members(report, group)
+    lines = ["", f"{h} Against the baseline (paper 001, equations 7 and 8)", "",
+             "| run | method | vs baseline's reward | matched prompts | improvement score | prompts scored | "
+             "left out (max = min) | relative FLOPs | relative compute (device-s) | relative compute (mean of "
+             "per-prompt ratios) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for label, e in runs.items():
+        v = e["vs_baseline"]
+        lines.append(f"| {label} | {e['method']} | {_vs_base(e['frontier'])} | {v['matched_prompts']} | "
+                     f"{_f(v['improvement_score'])} | {v['improvement_score_prompts']} | "
+                     f"{v['improvement_score_excluded_equal_rewards']} | {_f(v['relative_flops'])} | "
+                     f"{_f(v['relative_compute'])} | {_f(v['relative_compute_mean_of_ratios'])} |")
     return lines
 
 
@@ -273,43 +426,58 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "run"
 
 
-def draw_plots(runs: list[Run], report: dict) -> dict[str, tuple[str, bytes]]:
-    """caption -> (file name, PNG bytes) for every plot the data allows; file names say what each shows."""
-    entries = report["runs"]
-    fr = report["frontier"]
+def _group_plots(report: dict, n: int, runs: list[Run], suffix: str, taken: set[str]) -> dict:
+    """The plots of reward group `n`: reward against cost (its frontier), improvement score against relative
+    compute, best reward per prompt; file names end with `suffix` when the report has several groups."""
+    group = report["groups"][n]
+    entries = [e for e in report["runs"] if e["group"] == n]
+    by_label = {e["label"]: run for e, run in zip(report["runs"], runs)}
+    fr, basis, units = group["frontier"], group["basis"], group["reward_units"]
+    of = f" ({group['reward']})" if suffix else ""
     out = {}
     placed = [e for e in entries if e["frontier"]["placed"]]
     if placed:
-        points = [{"label": e["label"], "method": e["method"], "usd": e["frontier"]["usd_per_prompt"],
+        points = [{"label": e["label"], "method": e["method"], "cost": e["frontier"]["cost_per_prompt"],
                    "reward": e["frontier"]["mean_best_reward"], "low": e["frontier"]["interval"][0],
                    "high": e["frontier"]["interval"][1], "on_frontier": e["frontier"]["on_frontier"],
                    "is_baseline": e["frontier"]["is_baseline"], "below_baseline": e["frontier"]["below_baseline"]}
                   for e in placed]
         prices = {e["frontier"]["usd_per_device_hour"] for e in placed}
-        out["Mean best reward against USD per prompt: the cost-reward frontier"] = (
-            "reward_vs_usd_per_prompt_frontier.png",
-            report_plots.reward_vs_cost(points, fr["order"], fr["baseline_single_sample_reward"],
-                                        fr["baseline_mean_best_reward"],
-                                        prices.pop() if len(prices) == 1 else None, fr["prompts"]))
-    scored = [{"label": e["label"], "method": e["method"],
-               "relative_compute": e["vs_baseline"]["relative_compute"],
+        what = "compute" if basis == COMPUTE else "USD"
+        name = _unique(f"reward_vs_{'flops' if basis == COMPUTE else 'usd'}_per_prompt_frontier{suffix}.png", taken)
+        out[f"Mean best reward against {what} per prompt: the cost-reward frontier{of}"] = (
+            name, report_plots.reward_vs_cost(points, fr["order"], fr["baseline_single_sample_reward"],
+                                              fr["baseline_mean_best_reward"],
+                                              prices.pop() if len(prices) == 1 else None, fr["prompts"],
+                                              basis=basis, reward_units=units))
+    key = "relative_flops" if basis == COMPUTE else "relative_compute"
+    scored = [{"label": e["label"], "method": e["method"], "relative_compute": e["vs_baseline"][key],
                "improvement_score": e["vs_baseline"]["improvement_score"],
                "below_baseline": e["frontier"].get("below_baseline")}
-              for e in entries if e["vs_baseline"]["relative_compute"] is not None
+              for e in entries if e["vs_baseline"][key] is not None
               and e["vs_baseline"]["improvement_score"] is not None]
     if scored:
-        out["Improvement score against relative compute (paper 001's view)"] = (
-            "improvement_score_vs_relative_compute.png",
-            report_plots.improvement_vs_relative_compute(scored, report["baseline"]))
+        name = _unique(f"improvement_score_vs_relative_compute{suffix}.png", taken)
+        out[f"Improvement score against relative compute (paper 001's view){of}"] = (
+            name, report_plots.improvement_vs_relative_compute(scored, group["baseline"], basis=basis))
     series = [(f"{e['label']}\n({e['method']})",
-               [r["best_reward"] for r in ok_rows(run).values() if r["best_reward"] is not None])
-              for e, run in zip(entries, runs)]
+               [r["best_reward"] for r in ok_rows(by_label[e["label"]]).values() if r["best_reward"] is not None])
+              for e in entries]
     series = [s for s in series if s[1]]
     if series:
-        out["Best reward per prompt, per run"] = ("best_reward_per_prompt_by_run.png",
-                                                  report_plots.best_reward_distribution(series))
-    taken = {name for name, _ in out.values()}
-    for e, run in zip(entries, runs):
+        name = _unique(f"best_reward_per_prompt_by_run{suffix}.png", taken)
+        out[f"Best reward per prompt, per run{of}"] = (name, report_plots.best_reward_distribution(series, units))
+    return out
+
+
+def draw_plots(runs: list[Run], report: dict) -> dict[str, tuple[str, bytes]]:
+    """caption -> (file name, PNG bytes) for every plot the data allows; file names say what each shows."""
+    out: dict[str, tuple[str, bytes]] = {}
+    taken: set[str] = set()
+    several = len(report["groups"]) > 1
+    for n, g in enumerate(report["groups"]):
+        out.update(_group_plots(report, n, runs, f"_{_slug(g['reward_kind'])}" if several else "", taken))
+    for e, run in zip(report["runs"], runs):
         pid = sample_prompt(run)
         if pid is None or not e["correlation"]["records"]:
             continue
@@ -336,9 +504,9 @@ def _unique(name: str, taken: set[str]) -> str:
     return out
 
 
-def write_report(runs: list[Run], base_index: int, out: str) -> dict:
+def write_report(runs: list[Run], base_index: int, out: str, basis: str = COMPUTE, resolve=_identity) -> dict:
     """Compute, draw and write report.json, report.md and the PNGs to `out` (through a temporary folder)."""
-    report = build_report(runs, base_index)
+    report = build_report(runs, base_index, basis, resolve)
     plots = draw_plots(runs, report)
     report["plots"] = {caption: name for caption, (name, _) in plots.items()}
     markdown = render_markdown(report, report["plots"])

@@ -10,12 +10,16 @@ i.e. finish_reason ``eos`` or ``length`` with a final reward, and Y is the compa
 - **relative compute** (equation 7): ``T / T_baseline`` with T the device-seconds of a prompt (the paper's
   "T x #GPUs"). The headline value is the ratio of the summed device-seconds over the prompts both runs completed
   (what the bill scales with; robust to per-prompt noise in batched timing); the paper's literal per-prompt ratio,
-  averaged over prompts, is reported beside it as ``relative_compute_mean_of_ratios``.
+  averaged over prompts, is reported beside it as ``relative_compute_mean_of_ratios``. **relative FLOPs** is the
+  same ratio of summed compute (`reporting.cost`), which does not move with machine load.
 - **baseline single-sample reward** of a prompt: the mean of s(Z_k), the expected reward of one baseline sample
-  with no selection. **reward gain** of a prompt: s(Y) minus that. **reward gained per USD**: mean reward gain over
-  matched prompts divided by the mean USD per prompt over the same prompts; the report ranks runs by it.
-  **USD per unit reward gained** is its inverse, defined only where the mean gain is positive.
-- **USD** of a prompt: ``device_seconds / 3600 * cost.usd_per_device_hour`` of that run's manifest.
+  with no selection. **reward gain** of a prompt: s(Y) minus that. **reward gained per USD** (per TFLOP): mean
+  reward gain over matched prompts divided by the mean USD (TFLOPs, 10^12 FLOPs) per prompt over the same prompts.
+  **USD (FLOPs) per unit reward gained** is its inverse. Both are defined only where the mean gain is positive
+  beyond the tolerance (`reporting.tolerance`): a run that gains nothing, or loses reward, is not ranked by a ratio
+  that would put the cheapest loss first.
+- **USD** of a prompt: ``device_seconds / 3600 * cost.usd_per_device_hour`` of that run's manifest; **compute**
+  (FLOPs): `reporting.cost`.
 - **bootstrap interval** of a mean over prompts: the percentile interval (2.5th and 97.5th percentiles) of the
   mean over ``BOOTSTRAP_RESAMPLES`` resamples of the prompts with replacement, drawn by numpy's ``default_rng``
   with the fixed ``BOOTSTRAP_SEED`` (the same report from the same runs). Runs compared on the same prompts are
@@ -36,6 +40,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats as sstats
 
+from reporting.cost import RunCost, usd
+from reporting.tolerance import positive
 from runfolder.runs import Run
 
 FINISHED = ("eos", "length")
@@ -86,11 +92,6 @@ def mean_interval(xs: list[float]) -> list[float] | None:
     return [float(v) for v in bootstrap_intervals(np.asarray([xs], dtype=float))[0]]
 
 
-def usd(device_seconds: float, usd_per_device_hour: float) -> float:
-    """What device_seconds cost at a price per device-hour."""
-    return device_seconds / 3600.0 * usd_per_device_hour
-
-
 def ok_rows(run: Run) -> dict[str, dict]:
     """prompt_id -> row, for the rows without an error."""
     return {r["prompt_id"]: r for r in run.rows if r["error"] is None}
@@ -101,11 +102,12 @@ def finished_rewards(row: dict) -> list[float]:
     return [c["reward"] for c in row["candidates"] or [] if c["finish_reason"] in FINISHED and c["reward"] is not None]
 
 
-def run_summary(run: Run) -> dict:
-    """Per-run numbers: prompts, errors, best reward spread, tokens, device-seconds and USD per prompt.
+def run_summary(run: Run, cost: RunCost) -> dict:
+    """Per-run numbers: prompts, errors, best reward spread, tokens, FLOPs, device-seconds and USD per prompt.
 
     Per-prompt means are over the prompts without an error; totals (device-seconds, USD) include errored rows.
     ``usd_per_reward`` (USD per prompt / mean best reward) is only defined when the mean best reward is positive.
+    ``flops_per_prompt`` is None when the run has no compute (``cost.problem`` says why).
     ``mean_best_reward_interval`` is its bootstrap interval over the run's prompts (ordered by prompt_id).
     """
     good = [r for _, r in sorted(ok_rows(run).items())]
@@ -122,6 +124,12 @@ def run_summary(run: Run) -> dict:
         "generated_tokens_per_prompt": _mean([sum(c["num_tokens"] or 0 for c in r["candidates"]) for r in good]),
         "target_tokens_per_prompt": _mean([r["cost"]["target_tokens"] for r in good]),
         "draft_tokens_per_prompt": _mean([r["cost"]["draft_tokens"] for r in good]),
+        "reward_tokens_per_prompt": _mean([r["cost"]["reward_tokens"] for r in good]),
+        "parameters": cost.parameters,
+        "parameters_source": cost.source,
+        "parameters_not_counted": cost.not_counted,
+        "compute_problem": cost.problem,
+        "flops_per_prompt": None if cost.problem is not None else _mean([cost.flops(r) for r in good]),
         "device_seconds_per_prompt": _mean(seconds),
         "device_seconds": _spread(seconds),
         "usd_per_device_hour": price,
@@ -130,8 +138,9 @@ def run_summary(run: Run) -> dict:
         "device_seconds_total": sum(r["cost"]["device_seconds"] for r in run.rows),
     }
     out["usd_total"] = usd(out["device_seconds_total"], price)
-    m, cost = out["mean_best_reward"], out["usd_per_prompt"]
-    out["usd_per_reward"] = cost / m if (m is not None and m > 0 and cost is not None) else None
+    m = out["mean_best_reward"]
+    price = out["usd_per_prompt"]
+    out["usd_per_reward"] = price / m if (m is not None and positive(m) and price is not None) else None
     return out
 
 
@@ -145,16 +154,19 @@ def improvement_score(y: float, z: list[float]) -> float | None:
 
 @dataclass
 class Matched:
-    """One prompt both runs completed: the run's best reward Y, the baseline's finished rewards Z, device-seconds."""
+    """One prompt both runs completed: the run's best reward Y, the baseline's finished rewards Z, device-seconds
+    and FLOPs (None without compute) of each."""
 
     prompt_id: str
     y: float
     z: list[float]
     t: float
     t_base: float
+    f: float | None
+    f_base: float | None
 
 
-def match(run: Run, base: Run) -> list[Matched]:
+def match(run: Run, base: Run, cost: RunCost, base_cost: RunCost) -> list[Matched]:
     """Prompts (by prompt_id) without error in both runs, where the run has a best reward."""
     mine, theirs = ok_rows(run), ok_rows(base)
     out = []
@@ -163,13 +175,21 @@ def match(run: Run, base: Run) -> list[Matched]:
         if r["best_reward"] is None:
             continue
         out.append(Matched(pid, r["best_reward"], finished_rewards(b), r["cost"]["device_seconds"],
-                           b["cost"]["device_seconds"]))
+                           b["cost"]["device_seconds"], cost.flops(r), base_cost.flops(b)))
     return out
 
 
-def compare(run: Run, base: Run) -> dict:
-    """Improvement score, relative compute and reward gained per USD of `run` against `base` (module docstring)."""
-    pairs = match(run, base)
+def _per_cost(gain: float | None, cost: float | None) -> tuple[float | None, float | None]:
+    """(reward gained per unit of cost, cost per unit of reward gained), both only for a positive gain."""
+    if gain is None or cost is None or not positive(gain):
+        return None, None
+    return (gain / cost if cost > 0 else None), cost / gain
+
+
+def compare(run: Run, base: Run, cost: RunCost, base_cost: RunCost) -> dict:
+    """Improvement score, relative compute and FLOPs, and reward gained per USD and per TFLOP of `run` against
+    `base` (module docstring)."""
+    pairs = match(run, base, cost, base_cost)
     with_z = [m for m in pairs if m.z]
     scores = [improvement_score(m.y, m.z) for m in with_z]
     defined = [s for s in scores if s is not None]
@@ -177,8 +197,12 @@ def compare(run: Run, base: Run) -> dict:
     ratios = [m.t / m.t_base for m in pairs if m.t_base > 0]
     gains = [m.y - statistics.fmean(m.z) for m in with_z]
     usd_matched = usd(statistics.fmean([m.t for m in with_z]), run.usd_per_device_hour) if with_z else None
+    flops = cost.problem is None and base_cost.problem is None
+    flops_matched = statistics.fmean([m.f for m in with_z]) if (with_z and cost.problem is None) else None
+    sum_f, sum_f_base = (sum(m.f for m in pairs), sum(m.f_base for m in pairs)) if flops else (None, None)
     mean_gain = _mean(gains)
-    per_usd = mean_gain / usd_matched if (mean_gain is not None and usd_matched) else None
+    per_usd, usd_per_gain = _per_cost(mean_gain, usd_matched)
+    per_flop, flops_per_gain = _per_cost(mean_gain, flops_matched)
     return {
         "matched_prompts": len(pairs),
         "prompts_with_baseline_rewards": len(with_z),
@@ -187,12 +211,17 @@ def compare(run: Run, base: Run) -> dict:
         "improvement_score_excluded_equal_rewards": len(scores) - len(defined),
         "relative_compute": sum_t / sum_base if sum_base > 0 else None,
         "relative_compute_mean_of_ratios": _mean(ratios),
+        "relative_flops": sum_f / sum_f_base if sum_f_base else None,
         "baseline_single_sample_reward": _mean([statistics.fmean(m.z) for m in with_z]),
         "mean_best_reward_matched": _mean([m.y for m in with_z]),
         "mean_reward_gain": mean_gain,
+        "gains_reward": None if mean_gain is None else positive(mean_gain),
         "usd_per_prompt_matched": usd_matched,
         "reward_gain_per_usd": per_usd,
-        "usd_per_reward_gain": usd_matched / mean_gain if (mean_gain is not None and mean_gain > 0) else None,
+        "usd_per_reward_gain": usd_per_gain,
+        "flops_per_prompt_matched": flops_matched,
+        "reward_gain_per_tflop": None if per_flop is None else per_flop * 1e12,
+        "flops_per_reward_gain": flops_per_gain,
     }
 
 

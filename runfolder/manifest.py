@@ -10,7 +10,7 @@ from pathlib import Path
 
 from runfolder.folder import RunFolder, Tally
 from schemas.config import JobConfig
-from schemas.manifest import Manifest
+from schemas.manifest import Manifest, ParameterCounts
 
 PACKAGES = ("torch", "transformers", "tokenizers", "ray", "pyarrow", "datasets", "pydantic", "numpy")
 
@@ -56,7 +56,9 @@ def git_commit() -> str | None:
     return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
 
 
-def new_manifest(config: JobConfig, prompts: int) -> Manifest:
+def new_manifest(config: JobConfig, prompts: int, parameters: ParameterCounts | None = None) -> Manifest:
+    """The manifest a run writes before its first row; `parameters`: its models' parameter counts
+    (`runfolder.parameters.job_parameters`)."""
     return Manifest(
         name=config.name,
         config=config.model_dump(mode="json"),
@@ -67,6 +69,7 @@ def new_manifest(config: JobConfig, prompts: int) -> Manifest:
         status="running",
         started_at=now(),
         prompts=prompts,
+        parameters=parameters,
     )
 
 

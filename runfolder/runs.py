@@ -238,15 +238,84 @@ def unique_labels(runs: list[Run]) -> list[str]:
     return labels
 
 
-def reward_mismatch(runs: list[Run]) -> str | None:
-    """A warning when the runs' `config.models.reward` differ (their rewards are then not comparable), else None."""
-    setups: dict[str, list[str]] = {}
-    for label, run in zip(unique_labels(runs), runs):
-        models = run.manifest.config.get("models")
-        reward = models.get("reward") if isinstance(models, dict) else None
-        setups.setdefault(json.dumps(reward, sort_keys=True), []).append(label)
-    if len(setups) < 2:
-        return None
-    groups = "; ".join(f"{', '.join(labels)}: {key}" for key, labels in setups.items())
-    return ("the runs use different reward settings (config.models.reward), so their rewards may not be "
-            f"comparable: {groups}")
+# ---------------------------------------------------------------------------------------------------------------
+# Reward definitions: which runs' rewards are on one scale
+
+REWARD_UNITS = {
+    "model": "reward model score",
+    "logprob": "mean log-probability per token",
+    "lexical": "fraction of concepts covered",
+    "python": "python reward",
+    "none": "no reward",
+    "unrecorded": "reward",
+}
+
+
+def _location(spec: object) -> str:
+    """A model location as one spelling: a local path normalised (``./a/``, ``a`` are one), a URL or
+    ``builtin:NAME`` without a trailing slash."""
+    text = str(spec)
+    if "://" in text or text.startswith("builtin:"):
+        return text.rstrip("/") or text
+    return posixpath.normpath(text)
+
+
+@dataclass(frozen=True)
+class RewardDefinition:
+    """What a run's rewards measure: `models.reward.kind` and what identifies it (the reward model's path, the python
+    function, the lexical concepts column; for `logprob`, the target, whose own log-probability the reward is).
+    Two runs' rewards are on one scale only when their definitions are equal."""
+
+    kind: str  # model | logprob | lexical | python | none (no reward) | unrecorded (no models, or an unknown kind)
+    identity: str  # the path, function, column or target; the reward's JSON for an unknown kind; "" otherwise
+
+    @property
+    def text(self) -> str:
+        return {
+            "model": f"reward model `{self.identity}`",
+            "logprob": f"logprob under the target `{self.identity}`",
+            "lexical": f"lexical coverage of the `{self.identity}` column",
+            "python": f"python reward `{self.identity}`",
+            "none": "no reward",
+            "unrecorded": (f"a reward this version does not know ({self.identity})" if self.identity
+                           else "a reward the manifest does not record (no config.models)"),
+        }[self.kind]
+
+    @property
+    def units(self) -> str:
+        """What one unit of this reward is, for axis labels."""
+        return REWARD_UNITS[self.kind]
+
+
+def reward_definition(run: Run) -> RewardDefinition:
+    """The run's reward definition, from its manifest's config (runs of every Winnow version have it)."""
+    models = run.manifest.config.get("models")
+    if not isinstance(models, dict):
+        return RewardDefinition("unrecorded", "")
+    reward = models.get("reward")
+    if not isinstance(reward, dict):
+        return RewardDefinition("none", "")
+    kind = str(reward.get("kind"))
+    if kind == "model":
+        return RewardDefinition(kind, _location(reward.get("path")))
+    if kind == "logprob":
+        return RewardDefinition(kind, _location(models.get("target")))
+    if kind == "lexical":
+        return RewardDefinition(kind, str(reward.get("concepts_column", "concepts")))
+    if kind == "python":
+        return RewardDefinition(kind, str(reward.get("function")))
+    return RewardDefinition("unrecorded", json.dumps(reward, sort_keys=True))
+
+
+def reward_groups(runs: list[Run]) -> list[tuple[RewardDefinition, list[int]]]:
+    """The runs' indices grouped by reward definition, groups in the order of their first run."""
+    groups: dict[RewardDefinition, list[int]] = {}
+    for i, run in enumerate(runs):
+        groups.setdefault(reward_definition(run), []).append(i)
+    return list(groups.items())
+
+
+def describe_groups(runs: list[Run], groups: list[tuple[RewardDefinition, list[int]]]) -> list[str]:
+    """One line per reward group: its definition and its runs (labels as in `unique_labels`, with their paths)."""
+    labels = unique_labels(runs)
+    return [f"{d.text}: " + ", ".join(f"{labels[i]} ({runs[i].uri})" for i in members) for d, members in groups]

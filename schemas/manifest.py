@@ -25,6 +25,22 @@ class CostTotals(BaseModel):
     )
 
 
+class ParameterCounts(BaseModel):
+    """Parameters of the run's models, counted from their safetensors headers at run start
+    (`runfolder.parameters`); the report's compute basis is 2 x parameters x tokens processed, per model."""
+
+    model_config = ConfigDict(extra="allow")
+
+    target: int | None = Field(None, description="parameters of models.target")
+    draft: int | None = Field(None, description="parameters of models.draft; null without a draft")
+    reward: int | None = Field(None, description="parameters of the reward model (models.reward.path, kind model); "
+                               "null for the other kinds (logprob is scored by the target)")
+    not_counted: dict[str, str] = Field(
+        default_factory=dict, description="role (target, draft, reward) -> why its model could not be counted "
+        "(e.g. only pytorch_model.bin weights)"
+    )
+
+
 class Manifest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
@@ -43,4 +59,7 @@ class Manifest(BaseModel):
     reward_inputs_truncated: int = Field(
         0, description="reward inputs longer than the reward model's context, scored on their last tokens "
         "(stats.reward_inputs_truncated summed over rows)"
+    )
+    parameters: ParameterCounts | None = Field(
+        None, description="parameter counts of the run's models; null in runs written before they were recorded"
     )

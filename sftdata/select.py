@@ -4,7 +4,9 @@ Terms (docs/glossary.md). A *candidate* is one response a method started for a p
 *finished* candidate ended at EOS (finish_reason ``eos``) or at its token limit (``length``, called *truncated*
 here, since its text stops mid-way); a *rejected* one was stopped early by Speculative Rejection (its reward is
 null). By default only candidates that ended at EOS are kept. Candidates of one prompt_id are *pooled* across
-runs, so the best response across methods wins. The output is TRL's conversational prompt-completion form:
+runs, so the best response across methods wins; that compares rewards across runs, so every run must be scored by
+one reward definition (`runfolder.runs.reward_definition`), and runs scored by different ones are refused
+(`one_reward`). The output is TRL's conversational prompt-completion form:
 ``prompt`` is the chat messages and ``completion`` is a list with one assistant message.
 """
 
@@ -16,7 +18,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from runfolder.runs import Run, unique_labels
+from runfolder.runs import Run, RewardDefinition, describe_groups, reward_groups, unique_labels
 from schemas.base import InputError
 from schemas.rows import MESSAGE
 
@@ -90,6 +92,7 @@ class SftResult:
     prompts_errored_everywhere: int
     prompts_kept: int
     candidates_seen: int
+    reward: RewardDefinition
     dropped: Counter = field(default_factory=Counter)
 
 
@@ -157,8 +160,23 @@ def pool_candidates(runs: list[Run], sel: Selection) -> tuple[dict[str, list[dic
     return flat, prompts, dropped, seen, ok_ids
 
 
+def one_reward(runs: list[Run]) -> RewardDefinition:
+    """The reward definition every run shares; InputError naming each definition and its runs when they differ:
+    pooling picks the highest reward per prompt across runs, which means nothing across two scales."""
+    groups = reward_groups(runs)
+    if len(groups) == 1:
+        return groups[0][0]
+    raise InputError(
+        [f"the runs are scored by {len(groups)} different reward definitions (models.reward kind and its model, "
+         "function, column, or target for logprob), whose values cannot be pooled or compared; give the runs of "
+         "one reward only (one dataset per reward):"]
+        + [f"  {line}" for line in describe_groups(runs, groups)])
+
+
 def select(runs: list[Run], sel: Selection) -> SftResult:
-    """Pool, filter and select candidates per prompt_id (see module docstring); rows sorted by prompt_id, reward."""
+    """Pool, filter and select candidates per prompt_id (see module docstring); rows sorted by prompt_id, reward.
+    Runs scored by different reward definitions are refused (`one_reward`)."""
+    reward = one_reward(runs)
     pool, prompts, dropped, seen, ok_ids = pool_candidates(runs, sel)
     rows = []
     for pid in sorted(pool):
@@ -188,5 +206,6 @@ def select(runs: list[Run], sel: Selection) -> SftResult:
         prompts_errored_everywhere=len(set(prompts) - ok_ids),
         prompts_kept=kept,
         candidates_seen=seen,
+        reward=reward,
         dropped=dropped,
     )

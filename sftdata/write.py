@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from runfolder.outputs import staged_out, write_bytes
-from runfolder.runs import Run, reward_mismatch, unique_labels
+from runfolder.runs import Run, unique_labels
 from sftdata.select import DROP_REASONS, Selection, SftResult
 
 PARQUET_PATH = "data/train-00000-of-00001.parquet"
@@ -97,11 +97,9 @@ def dataset_card(result: SftResult, runs: list[Run], sel: Selection, argv: list[
         + (" `--include-rejected`" if sel.include_rejected else "")
         + (" `--include-truncated`" if sel.include_truncated else ""),
         f"- meaning: {sel.describe()}.",
-        "- rewards of different runs are compared as they are; pool runs scored by the same reward model.",
+        f"- reward: {result.reward.text} ({result.reward.units}), the same for every source run (runs scored by "
+        "different rewards are refused)",
     ]
-    warning = reward_mismatch(runs)
-    if warning:
-        lines.append(f"- **warning**: {warning}.")
     if argv is not None:
         lines.append(f"- command: `winnow build-sft {' '.join(argv)}`")
     lines += ["", "## Source runs", "", "| source_run | method | config hash | status | rows | errors | path |",

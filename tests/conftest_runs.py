@@ -29,8 +29,10 @@ def msgs(text: str) -> list[dict]:
 
 
 def row(pid: str, cands: list[dict], method: str = "best_of_n", device_seconds: float = 1.0,
-        target_tokens: int | None = None, prompt: str | None = None) -> dict:
-    """A successful row; best_* point at the highest-reward finished candidate."""
+        target_tokens: int | None = None, prompt: str | None = None, draft_tokens: int = 0,
+        reward_tokens: int = 0) -> dict:
+    """A successful row; best_* point at the highest-reward finished candidate; target_tokens default to the
+    candidates' tokens."""
     scored = [(c["reward"], i) for i, c in enumerate(cands)
               if c["reward"] is not None and c["finish_reason"] != "rejected"]
     best = max(scored)[1] if scored else None
@@ -38,6 +40,7 @@ def row(pid: str, cands: list[dict], method: str = "best_of_n", device_seconds: 
     cost["device_seconds"] = device_seconds
     cost["wall_seconds"] = device_seconds
     cost["target_tokens"] = sum(c["num_tokens"] for c in cands) if target_tokens is None else target_tokens
+    cost["draft_tokens"], cost["reward_tokens"] = draft_tokens, reward_tokens
     return {
         "prompt_id": pid,
         "prompt": msgs(prompt or f"question {pid}"),
@@ -58,10 +61,12 @@ def err_row(pid: str, method: str = "best_of_n") -> dict:
 
 def write_run(uri: str, rows: list[dict], name: str = "run", method: str = "best_of_n",
               usd_per_device_hour: float = 2.0, files: int = 2, method_params: dict | None = None,
-              reward: dict | None = None, engine: str | None = None) -> str:
+              reward: dict | None = None, engine: str | None = None, parameters: dict | None = None,
+              models: dict | None = None) -> str:
     """Write a run folder at `uri` (rows split over `files` Parquet files) and return `uri`; `reward` is the
     manifest's config.models.reward (default: a model reward at path `rm`), `engine` its models.engine (default:
-    none, as in a run from before the field existed)."""
+    none, as in a run from before the field existed), `parameters` its recorded parameter counts (default: none, as
+    in a run from before they were recorded), `models` more config.models keys (e.g. a draft)."""
     fs, path = fsspec.core.url_to_fs(uri)
     fs.makedirs(posixpath.join(path, "candidates"), exist_ok=True)
     chunks = [rows[i::files] for i in range(files)] if rows else []
@@ -72,13 +77,14 @@ def write_run(uri: str, rows: list[dict], name: str = "run", method: str = "best
             f.write(buf.getvalue())
     config = {"name": name, "method": {"name": method, **(method_params or {})},
               "cost": {"usd_per_device_hour": usd_per_device_hour}, "output": {"path": uri},
-              "models": {"target": "builtin:tiny-target", "reward": reward or {"kind": "model", "path": "rm"}}}
+              "models": {"target": "builtin:tiny-target", "reward": reward or {"kind": "model", "path": "rm"},
+                         **(models or {})}}
     if engine is not None:
         config["models"]["engine"] = engine
     manifest = Manifest(
         name=name, config=config, config_hash=f"hash-{name}", winnow_version="0.1.0",
         status="succeeded", started_at="2026-01-01T00:00:00Z", finished_at="2026-01-01T01:00:00Z",
-        rows=len(rows), errors=sum(r["error"] is not None for r in rows),
+        rows=len(rows), errors=sum(r["error"] is not None for r in rows), parameters=parameters,
     )
     with fs.open(posixpath.join(path, "manifest.json"), "w") as f:
         f.write(json.dumps(manifest.model_dump(mode="json"), indent=2))
@@ -195,12 +201,16 @@ def synthetic_runs(root: str, prompts: int = 40, seed: int = 0) -> list[str]:
 # Hand-made runs whose cost-reward frontier is known (for the frontier tests).
 
 FRONTIER_PRICE = 36.0  # USD per device-hour: 1 device-second = $0.01
+FRONTIER_PARAMETERS = 5000  # target parameters: 100 tokens per device-second x 2 x 5000 = 1 MFLOP per device-second
 FRONTIER_SPREAD = [-0.2, -0.15, -0.1, -0.05, 0.0, 0.05, 0.1, 0.15, 0.2, 0.0]  # per-prompt offsets, mean 0
 
 
-def frontier_runs(root: str) -> dict[str, str]:
+def frontier_runs(root: str, seconds_scale: dict[str, float] | None = None) -> dict[str, str]:
     """Five runs over the same 10 prompts; name -> URI. Best reward of prompt i = level + FRONTIER_SPREAD[i],
-    device-seconds constant per run (so USD per prompt = device-seconds x $0.01):
+    device-seconds constant per run (so USD per prompt = device-seconds x $0.01), and target tokens 100 x the
+    device-seconds on a target of FRONTIER_PARAMETERS recorded in the manifest (so compute per prompt = 1 MFLOP per
+    device-second, and both bases give one frontier). `seconds_scale` multiplies a run's device-seconds, not its
+    tokens: a repeat of the same runs on a busier or quieter machine.
 
     | run       | level | device-s | verdict                                                                  |
     |-----------|-------|----------|--------------------------------------------------------------------------|
@@ -220,6 +230,8 @@ def frontier_runs(root: str) -> dict[str, str]:
         for i, d in enumerate(FRONTIER_SPREAD):
             best = level + d
             cands = [cand(f"{name} p{i} best", best), cand(f"{name} p{i} other", best - 1.0)]
-            rows.append(row(f"p{i:02d}", cands, device_seconds=seconds))
-        out[name] = write_run(posixpath.join(root, name), rows, name=name, usd_per_device_hour=FRONTIER_PRICE)
+            rows.append(row(f"p{i:02d}", cands, device_seconds=seconds * (seconds_scale or {}).get(name, 1.0),
+                            target_tokens=int(100 * seconds)))
+        out[name] = write_run(posixpath.join(root, name), rows, name=name, usd_per_device_hour=FRONTIER_PRICE,
+                              parameters={"target": FRONTIER_PARAMETERS})
     return out

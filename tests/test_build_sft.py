@@ -118,6 +118,7 @@ def test_dataset_card_records_rule_sources_counts_rewards(tmp_path, runs):
     assert "`--select top-k=2` `--min-reward 0`" in text
     assert "| bon | best_of_n | `hash-bon` |" in text and "| sr | speculative_rejection | `hash-sr` |" in text
     assert "- prompts seen: 4 (errored in every run: 1)" in text
+    assert "- reward: reward model `rm` (reward model score), the same for every source run" in text
     assert "- prompts kept: 3" in text
     # Seen: p1 3+3, p2 3+2, p4 4 = 15. Dropped: rejected b3 d2 c3; truncated b2; null reward d3; empty text "";
     # duplicates "same" and "b1"; below 0: none (c3 was already rejected); not selected: p1's a1 and a3.
@@ -240,6 +241,27 @@ def test_extra_fields_tolerated_missing_fields_refused(tmp_path, capsys):
         else:
             assert code == 2
             assert f"{uri}/candidates: fields ['candidates[].reward'] missing" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("other", [{"kind": "logprob"}, {"kind": "lexical"}, {"kind": "model", "path": "rm-2"},
+                                   {"kind": "python", "function": "pkg.mod:score"}])
+def test_runs_scored_by_different_rewards_are_refused_by_name(tmp_path, runs, capsys, other):
+    """Pooling keeps the highest reward per prompt across runs: across two reward scales that picks nothing
+    meaningful, so build-sft refuses, naming every run and its reward definition."""
+    odd = write_run(str(tmp_path / "odd"), [row("p1", [cand("z", 99.0)])], name="odd", reward=other)
+    out = tmp_path / "out"
+    assert main([*runs, odd, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "the runs are scored by 2 different reward definitions" in err
+    assert f"reward model `rm`: bon ({runs[0]}), sr ({runs[1]})" in err
+    what = {"logprob": "logprob under the target `builtin:tiny-target`", "lexical": "lexical coverage of the "
+            "`concepts` column", "model": "reward model `rm-2`", "python": "python reward `pkg.mod:score`"}
+    assert f"{what[other['kind']]}: odd ({odd})" in err
+    assert not out.exists() and not [p for p in os.listdir(tmp_path) if p.startswith("out")]
+    # the same reward model spelled another way is one reward
+    same = write_run(str(tmp_path / "same"), [row("p1", [cand("z", 9.0)])], name="same",
+                     reward={"kind": "model", "path": "./rm/"})
+    assert main([*runs, same, "--out", str(out)]) == 0
 
 
 def test_same_prompt_id_with_different_prompts_refused(tmp_path, runs, capsys):
