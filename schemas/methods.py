@@ -89,20 +89,30 @@ class SpeculativeRejection(MethodParams):
     )
     schedule: Literal["memory", "fixed"] = Field(
         "memory",
-        description="How decision tokens are chosen. 'memory': when the KV cache of the running candidates "
-        "(2 x layers x kv_heads x head_dim x dtype bytes per token) would exceed the memory budget. 'fixed': every "
-        "`every_k_tokens` generated tokens, for reproducible experiments.",
+        description="How decision tokens are chosen. 'memory' (paper 001's rule): each prompt is given a KV space "
+        "(memory_candidates) and decides when its running candidates' KV cache (the prompt once, each response's "
+        "tokens; 2 x layers x kv_heads x head_dim x dtype bytes per token) would pass it with the next token. "
+        "'fixed': every `every_k_tokens` generated tokens.",
     )
     every_k_tokens: int = Field(16, ge=1, description="Tokens between decisions when schedule is 'fixed'.")
+    memory_candidates: int | None = Field(
+        None, ge=1,
+        description="Schedule 'memory': each prompt's KV space is what this many of its candidates hold at full "
+        "length (its prompt once, each response at the token limit): Speculative Rejection starts n candidates in "
+        "the memory of Best-of-memory_candidates, as paper 001 starts a batch larger than Best-of-N could finish. "
+        "Null: n / 8 (at least 1). Bounded by the pool's space (models.kv_cache_mb x memory_fraction, "
+        "memory_budget_mb); the space used is recorded in stats.memory_budget_bytes.",
+    )
     memory_budget_mb: float | None = Field(
         None, gt=0,
-        description="KV-cache budget in MiB for schedule 'memory'. Null: free device memory "
-        "(torch.cuda.mem_get_info) x memory_fraction on GPU, the host's available memory (MemAvailable) x "
-        "memory_fraction on CPU; a number caps that. The budget used is recorded in stats.memory_budget_bytes.",
+        description="Schedule 'memory': a cap in MiB on the KV space of the actor's pool, which the prompts' spaces "
+        "share (a prompt starts when its space fits beside the running prompts'). Null: no cap beyond "
+        "models.kv_cache_mb x memory_fraction.",
     )
     memory_fraction: float = Field(
         0.8, gt=0.0, le=1.0,
-        description="Fraction of free device memory (GPU) or available host memory (CPU) the KV cache may fill.",
+        description="Schedule 'memory': fraction of the pool's KV space (models.kv_cache_mb, or the device's free "
+        "memory) that the prompts' spaces may fill.",
     )
 
     pool: ClassVar[bool] = True
@@ -116,13 +126,12 @@ class SpeculativeRejection(MethodParams):
         return True
 
     def kv_grows(self) -> bool:
-        # the memory schedule rejects candidates once their cache reaches its budget: only the start must fit whole
+        # the memory schedule rejects candidates once their cache reaches their prompt's space
         return self.schedule != "memory"
 
-    def feeds_across_calls(self) -> bool:
-        # the memory schedule decides when the whole pool's cache is full: which prompts share it would change the
-        # decisions, so its calls decode one at a time
-        return self.schedule != "memory"
+    def kv_space_candidates(self) -> int:
+        """Schedule 'memory': the candidates at full length whose KV cache makes up a prompt's space."""
+        return self.memory_candidates if self.memory_candidates is not None else max(1, self.n // 8)
 
 
 class Greedy(MethodParams):

@@ -9,25 +9,24 @@ from typing import Sequence
 import torch
 
 from workers.candidates import PromptInput
-from workers.pool.decoder import Key
+from workers.pool.decoder import Key, Seq
 
 
 class ReplayDecoder:
     """`streams[(prompt_id, cand)]`: the whole token list of each candidate (its EOS or its limit included). A
     started candidate holds its first token (as the hf engine's prefill samples it); each step adds the next; a
-    candidate ends when its stream does. `kv_bytes` charges `bytes_per_token` for every token of every running
-    sequence after the next step (its prompt included). Counts one target forward per prompt and step, and its
-    prompt's tokens at the start and a token per running sequence and step."""
+    candidate ends when its stream does. `space`: the pool's KV space, of `bytes_per_token` a token. Counts one
+    target forward per prompt and step, and its prompt's tokens at the start and a token per running sequence and
+    step."""
 
     def __init__(self, n: int, streams: dict[tuple[str, int], list[int]], meter, bytes_per_token: int = 1,
                  space: int | None = None):
         self.n, self.streams, self.meter = n, streams, meter
-        self.bytes_per_token, self.space = bytes_per_token, space
+        self.kv_bytes_per_token, self.space = bytes_per_token, space
         self.prompts: dict[int, PromptInput] = {}
         self.live: dict[Key, list[int]] = {}
-        self.done: list[tuple[Key, list[int]]] = []
+        self.done: list[Seq] = []
         self.dropped: list[Key] = []
-        self.answers: dict = {}
 
     def stream(self, key: Key) -> list[int]:
         return self.streams[(self.prompts[key[0]].prompt_id, key[1])]
@@ -46,7 +45,7 @@ class ReplayDecoder:
 
     def _end(self) -> None:
         for k in [k for k, t in self.live.items() if len(t) == len(self.stream(k))]:
-            self.done.append((k, self.live.pop(k)))
+            self.done.append(Seq(k, self.live.pop(k), None))
 
     def step(self) -> None:
         keys = sorted(self.live)
@@ -56,27 +55,23 @@ class ReplayDecoder:
             self.meter.count_forward("target", torch.tensor([g for g, _ in keys]), torch.ones(len(keys)))
         self._end()
 
-    def ended(self) -> list[tuple[Key, list[int]]]:
+    def ended(self) -> list[Seq]:
         out, self.done = sorted(self.done), []
         return out
 
-    def running(self) -> tuple[list[Key], list[list[int]]]:
-        keys = sorted(self.live)
-        return keys, [list(self.live[k]) for k in keys]
+    def running(self) -> list[Seq]:
+        return [Seq(k, list(self.live[k]), None) for k in sorted(self.live)]
 
-    def lengths(self) -> dict[int, int]:
-        out: dict[int, int] = {}
-        for (g, _), t in self.live.items():
-            out[g] = max(out.get(g, 0), len(t))
+    def lengths(self) -> dict[int, list[int]]:
+        out: dict[int, list[int]] = {}
+        for (g, _), t in sorted(self.live.items()):
+            out.setdefault(g, []).append(len(t))
         return out
 
     def drop(self, keys: Sequence[Key]) -> None:
         for k in keys:
             del self.live[k]
             self.dropped.append(k)
-
-    def kv_bytes(self) -> int:
-        return sum(len(self.prompts[g].ids) + len(t) + 1 for (g, _), t in self.live.items()) * self.bytes_per_token
 
     def kv_space(self) -> int | None:
         return self.space
@@ -86,13 +81,6 @@ class ReplayDecoder:
 
     def forget(self, group: int) -> None:
         self.prompts.pop(group, None)
-
-    def measure(self, requests) -> None:
-        self.answers.update((tag, float(len(response))) for tag, _, response in requests)
-
-    def measured(self) -> dict:
-        out, self.answers = self.answers, {}
-        return out
 
     def synchronize(self) -> None:
         pass

@@ -31,15 +31,29 @@ def test_hash_is_the_one_before_models_engine_existed():
     explicit["models"]["engine"] = "hf"  # the default written out hashes as the default left out
     explicit["models"]["vllm_max_num_seqs"] = 256
     explicit["models"]["vllm_kv_cache_mb"] = None
+    explicit["models"]["kv_cache_mb"] = None
+    explicit["method"]["memory_candidates"] = None
     assert validate_config(explicit).hash() == "5227cd85704df4ad"
 
 
-@pytest.mark.parametrize("models", [{"engine": "vllm"}, {"vllm_kv_cache_mb": 512},
+@pytest.mark.parametrize("models", [{"engine": "vllm"}, {"vllm_kv_cache_mb": 512}, {"kv_cache_mb": 512},
                                     {"vllm_max_num_seqs": 8}])
 def test_a_late_field_off_its_default_changes_the_hash(models):
     cfg = copy.deepcopy(FIXED)
     cfg["models"].update(models)
     assert validate_config(cfg).hash() != "5227cd85704df4ad"
+
+
+def test_kv_cache_mb_is_one_space_for_both_engines_under_either_name():
+    cfg = copy.deepcopy(FIXED)
+    assert validate_config(cfg).models.kv_space_mb is None
+    cfg["models"]["vllm_kv_cache_mb"] = 64  # its earlier name, still read
+    assert validate_config(cfg).models.kv_space_mb == 64
+    cfg["models"]["kv_cache_mb"] = 64
+    assert validate_config(cfg).models.kv_space_mb == 64
+    cfg["models"]["kv_cache_mb"] = 32
+    with pytest.raises(ConfigError, match="models.vllm_kv_cache_mb: 64 differs from models.kv_cache_mb"):
+        validate_config(cfg)
 
 
 def test_late_fields_name_real_fields_and_their_defaults():
@@ -73,7 +87,6 @@ def test_engine_vllm_takes_the_candidate_pool_and_single_response_methods(method
      "not method 'speculative_decoding'"),
     ({"generation": {"sampler": "speculative"}, "models": {"draft": "builtin:tiny-draft"}},
      "models.engine: 'vllm' samples with the target alone; generation.sampler 'speculative' needs the draft"),
-    ({"models": {"reward": {"kind": "logprob"}}}, "models.reward.kind: 'logprob'"),
     ({"method": {"name": "best_of_n", "n": 300}}, "models.vllm_max_num_seqs: 256 is fewer than method.n (300)"),
 ])
 def test_engine_vllm_refusals_name_the_field(over, says):

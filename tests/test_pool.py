@@ -13,6 +13,7 @@ from tests.trio_helpers import demo_items, params_of, run_trio, trio_context, tr
 from workers.accounting.cost import Meter
 from workers.candidates import PromptInput
 from workers.context import Context
+from workers.decoding.kvcache import model_kv_bytes
 from workers.pool.pool import Pool, decode
 from workers.pool.schedules import MemorySchedule
 
@@ -65,14 +66,39 @@ def test_fixed_schedule_cuts_the_lowest_alpha_fraction_and_answers_with_the_best
     assert sorted(decoder.dropped) == sorted((g, c) for g in range(2) for c in range(4))
 
 
-def test_memory_schedule_decides_when_the_kv_would_pass_the_budget_and_waits_after_a_round_that_cuts_nobody():
+def test_memory_schedule_decides_when_a_prompts_kv_would_pass_its_space_and_waits_after_a_round_that_cuts_nobody():
     meter = Meter(1)
-    budget = 6 * (3 + 8 + 1)  # six sequences of 3 prompt tokens reach it at their 8th token: the next step passes it
+    # the space of 2 candidates at full length: 3 prompt tokens + 2 x 32 = 67 tokens (of 1 byte); six running
+    # responses of t tokens hold 3 + 6 (t + 1) after the next token, which passes 67 at t = 10
     streams = {("p0", c): [1] * 20 for c in range(6)}  # equal partial rewards: a cut keeps every tie
-    pool = Pool(scripted_context(meter), ReplayDecoder(6, streams, meter), 6, 0.5, MemorySchedule(budget))
+    schedule = MemorySchedule(2, 1, 10**6)
+    pool = Pool(scripted_context(meter), ReplayDecoder(6, streams, meter), 6, 0.5, schedule)
     (res,) = decode(pool, [prompt(0)])
-    assert res.stats["decision_tokens"] == [9]  # once, not at every step after: the round rejected nobody
-    assert res.stats["memory_budget_bytes"] == budget and all(c.finish_reason == "length" for c in res.candidates)
+    assert res.stats["decision_tokens"] == [10]  # once, not at every step after: the round rejected nobody
+    assert res.stats["memory_budget_bytes"] == 67 and all(c.finish_reason == "length" for c in res.candidates)
+
+
+def test_memory_schedule_spaces_are_per_prompt_and_the_pool_space_bounds_how_many_run():
+    """Two prompts whose spaces do not fit the pool's together run one after the other, and each decides exactly as
+    it does alone (a prompt's decisions depend on its own candidates only)."""
+    def run(prompts, pool_space):
+        meter = Meter(len(prompts))
+        decoder = ReplayDecoder(6, STREAMS, meter)
+        pool = Pool(scripted_context(meter), decoder, 6, 0.5, MemorySchedule(2, 1, pool_space))
+        starts = []
+        start = decoder.start
+        decoder.start = lambda groups, ps: (starts.append(list(groups)), start(groups, ps))
+        return decode(pool, prompts), starts
+
+    alone = [run([prompt(i)], 10**6)[0][0] for i in range(2)]
+    together, starts = run([prompt(0), prompt(1)], 100)  # a space is 67: one prompt at a time
+    assert starts == [[0], [1]]
+    _, both_at_once = run([prompt(0), prompt(1)], 10**6)
+    assert both_at_once == [[0, 1]]
+    for a, b in zip(alone, together):
+        assert a.stats == b.stats
+        assert [(c.tokens, c.finish_reason, c.partial_rewards) for c in a.candidates] == \
+            [(c.tokens, c.finish_reason, c.partial_rewards) for c in b.candidates]
 
 
 def test_best_of_n_and_a_pool_of_one():
@@ -88,19 +114,20 @@ def test_best_of_n_and_a_pool_of_one():
     assert res.best_index == 0 and res.candidates[0].reward is None and res.candidates[0].text == "9 9"
 
 
-def test_the_hf_decoder_and_a_replay_of_its_tokens_give_the_same_decisions_cuts_and_stats():
+@pytest.mark.parametrize("schedule", [{"schedule": "fixed", "every_k_tokens": 4}, {"memory_candidates": 2}])
+def test_the_hf_decoder_and_a_replay_of_its_tokens_give_the_same_decisions_cuts_and_stats(schedule):
     """Speculative Rejection through the hf engine's decoder, and through a decoder that replays each candidate's
     tokens (taken from Best-of-N with the same seed: a candidate's draws depend on its prompt and index only):
     the same decisions, rejections, partial and final rewards, answers, stats and reward costs."""
     items = demo_items(4)
     gen = {"max_new_tokens": 24}
-    sr = {"name": "speculative_rejection", "n": 8, "alpha": 0.5, "schedule": "fixed", "every_k_tokens": 4}
+    sr = {"name": "speculative_rejection", "n": 8, "alpha": 0.5, **schedule}
     prompts, real, real_meter = run_trio(sr, items, gen)
     _, bon, _ = run_trio({"name": "best_of_n", "n": 8}, items, gen)
     streams = {(p.prompt_id, c): cand.tokens for p, r in zip(prompts, bon) for c, cand in enumerate(r.candidates)}
     meter = Meter(len(prompts))
     ctx = trio_context(meter, gen)
-    decoder = ReplayDecoder(8, streams, meter)
+    decoder = ReplayDecoder(8, streams, meter, model_kv_bytes(ctx.target), 2**40)
     with torch.inference_mode():
         replayed = decode(Pool.for_method(ctx, decoder, params_of(sr)), trio_prompts(items, 24))
     assert any(r.stats["rejection_rounds"] for r in real), "the schedule never decided: the test proves nothing"

@@ -359,7 +359,8 @@ def test_emit_cuts_after_eos_and_at_the_limit():
     batch = Batch(cache=None, mask=torch.zeros(3, 1), pending=torch.tensor([2, 2, 2]), group=torch.arange(3),
                 cand=torch.zeros(3, dtype=torch.long), key=torch.zeros(3, dtype=torch.long),
                 length=torch.tensor([1, 1, 4]), limit=torch.tensor([9, 9, 6]),
-                tokens=torch.zeros(3, 9, dtype=torch.long), alive=torch.ones(3, dtype=torch.bool))
+                tokens=torch.zeros(3, 9, dtype=torch.long), alive=torch.ones(3, dtype=torch.bool),
+                logprob=torch.zeros(3, dtype=torch.float64))
     block = torch.tensor([[5, EOS, 6, 7], [5, 6, 7, 8], [5, 6, 7, 8]])
     m = emit(batch, block, torch.tensor([4, 3, 4]), torch.tensor([8, 8, 2]), torch.tensor([EOS]))
     assert m.tolist() == [2, 3, 2]

@@ -7,6 +7,7 @@ serves every in-process test (`engine`, module-scoped; other methods and setting
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import threading
@@ -34,7 +35,7 @@ if not HAVE_VLLM:
 from workers.actor.runner import Runner  # noqa: E402
 from workers.engines.vllm import candidate_seed, modules_hidden, unscannable_modules  # noqa: E402
 
-MODELS = {"engine": "vllm", "vllm_kv_cache_mb": 64}
+MODELS = {"engine": "vllm", "kv_cache_mb": 64}
 SR = {"name": "speculative_rejection", "n": 8, "alpha": 0.5, "schedule": "fixed", "every_k_tokens": 8}
 GEN = {"max_new_tokens": 32, "temperature": 1.0}
 
@@ -43,11 +44,17 @@ def vconfig(**over):
     return config(**{"models": MODELS, "generation": GEN, **over})
 
 
+LOGPROB = {"target": "builtin:tiny-target", "reward": {"kind": "logprob"}}
+
+
 @pytest.fixture(scope="module")
 def hf_greedy_rows():
-    """The hf engine's greedy rows on the demo prompts, taken before the vLLM engine exists in this process (its CPU
-    worker pins the process's threads)."""
-    return Runner(config(method={"name": "greedy"}, generation={"max_new_tokens": 48})).run(demo_items())
+    """The hf engine's greedy rows on the demo prompts (and, under the logprob reward, on 4 of them), taken before the
+    vLLM engine exists in this process (its CPU worker pins the process's threads)."""
+    greedy = {"method": {"name": "greedy"}, "generation": {"max_new_tokens": 48}}
+    rows = Runner(config(**greedy)).run(demo_items())
+    logprob = Runner(config(models=LOGPROB, **greedy)).run(demo_items(4))
+    return rows, logprob
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +80,7 @@ def same_candidates(a: dict, b: dict, rewards: bool = True) -> None:
 
 
 def test_greedy_equals_the_hf_engine(engine, hf_greedy_rows):
+    hf_greedy_rows = hf_greedy_rows[0]
     rows = runner(engine, method={"name": "greedy"}, generation={"max_new_tokens": 48}).run(demo_items())
     assert len(rows) == len(hf_greedy_rows) == len(demo_items())
     for got, want in zip(rows, hf_greedy_rows):
@@ -82,6 +90,24 @@ def test_greedy_equals_the_hf_engine(engine, hf_greedy_rows):
         assert set(got["stats"]) == set(want["stats"]) and set(got["cost"]) == set(want["cost"])
         assert got["cost"]["target_forwards"] == got["candidates"][0]["num_tokens"]  # one engine step per token
     assert {r["candidates"][0]["finish_reason"] for r in rows} <= {"eos", "length"}
+
+
+def test_the_logprob_reward_comes_from_vllms_sampled_token_logprobs_and_equals_the_hf_engines(engine, hf_greedy_rows):
+    """The logprob reward on vLLM (paper 001's Table 2 setting): each candidate's mean token log-probability from the
+    raw logprobs vLLM returns for its sampled tokens, no reward forward; the same as the hf engine's."""
+    models = {**LOGPROB, **MODELS}  # another reward: the engine alone is shared
+    on_vllm = Runner(vconfig(models=models, method={"name": "greedy"}, generation={"max_new_tokens": 48}),
+                     engine=engine.engine)
+    rows = on_vllm.run(demo_items(4))
+    for got, want in zip(rows, hf_greedy_rows[1]):
+        assert got["best_text"] == want["best_text"]
+        assert got["best_reward"] == pytest.approx(want["best_reward"], abs=1e-4)
+        assert got["stats"]["perplexity"] == pytest.approx(math.exp(-want["best_reward"]), rel=1e-4)
+        assert got["cost"]["reward_tokens"] == 0
+    sr = Runner(vconfig(models=models, method={"name": "speculative_rejection", "n": 8}), engine=engine.engine)
+    cut = sr.run(demo_items(4))
+    assert sum(r["stats"]["rejection_rounds"] for r in cut) > 0 and all(r["cost"]["reward_tokens"] == 0 for r in cut)
+    assert all(c["reward"] is None or c["reward"] < 0 for r in cut for c in r["candidates"])
 
 
 def test_speculative_rejection_with_alpha_0_is_best_of_n(engine):
@@ -163,7 +189,8 @@ def in_engine_thread(r: Runner, fn):
     return out["value"]
 
 
-def test_the_vllm_decoder_and_a_replay_of_its_tokens_give_the_same_decisions_cuts_and_stats(engine):
+@pytest.mark.parametrize("schedule", [{}, {"schedule": "memory", "memory_candidates": 2}])
+def test_the_vllm_decoder_and_a_replay_of_its_tokens_give_the_same_decisions_cuts_and_stats(engine, schedule):
     """The one pool (workers.pool) over the vLLM decoder, and over a decoder that replays each candidate's tokens
     (taken from Best-of-N with the same seeds): the same decisions, rejections, rewards, answers, stats and reward
     costs (tests/test_pool.py holds the same check for the hf engine's decoder)."""
@@ -172,7 +199,7 @@ def test_the_vllm_decoder_and_a_replay_of_its_tokens_give_the_same_decisions_cut
     from workers.accounting.cost import Meter
     from workers.pool.pool import Pool, decode
 
-    sr, bon = runner(engine, method=SR), runner(engine, method={"name": "best_of_n", "n": 8})
+    sr, bon = runner(engine, method={**SR, **schedule}), runner(engine, method={"name": "best_of_n", "n": 8})
     prompts = [p for _, p in sr.prepare(demo_items(4))[0]]
     real_meter = Meter(len(prompts))
     real = in_engine_thread(sr, lambda: decode(sr.open_pool(real_meter), prompts))
@@ -180,10 +207,12 @@ def test_the_vllm_decoder_and_a_replay_of_its_tokens_give_the_same_decisions_cut
     streams = {(p.prompt_id, c): cand.tokens for p, r in zip(prompts, whole) for c, cand in enumerate(r.candidates)}
     meter = Meter(len(prompts))
     with torch.inference_mode():
-        replayed = decode(Pool.for_method(sr.context_for(meter), ReplayDecoder(8, streams, meter), sr.params), prompts)
+        decoder = ReplayDecoder(8, streams, meter, sr.engine.kv_bytes_per_token, 2**40)
+        replayed = decode(Pool.for_method(sr.context_for(meter), decoder, sr.params), prompts)
     assert any(r.stats["rejection_rounds"] for r in real)
-    for a, b in zip(real, replayed):
-        assert a.stats == b.stats
+    for a, b in zip(real, replayed):  # (the perplexity is the decoder's: the replay keeps no log-probabilities)
+        assert {k: v for k, v in a.stats.items() if k != "perplexity"} == \
+            {k: v for k, v in b.stats.items() if k != "perplexity"}
         assert [(c.tokens, c.finish_reason, c.partial_rewards, c.reward) for c in a.candidates] == \
             [(c.tokens, c.finish_reason, c.partial_rewards, c.reward) for c in b.candidates]
         assert a.best_index == b.best_index
@@ -191,13 +220,18 @@ def test_the_vllm_decoder_and_a_replay_of_its_tokens_give_the_same_decisions_cut
         assert getattr(real_meter, field)["reward"].tolist() == getattr(meter, field)["reward"].tolist()
 
 
-def test_memory_schedule_decides_on_the_engines_kv_blocks(engine):
-    budget_mb = 0.5  # 256 tokens of the tiny target's cache (2 KiB a token): passed soon by 4 x 8 candidates
-    rows = runner(engine, method={**SR, "schedule": "memory", "memory_budget_mb": budget_mb}).run(demo_items(4))
-    for row in rows:
-        assert row["stats"]["memory_budget_bytes"] == budget_mb * 2**20
-        assert row["stats"]["rejection_rounds"] >= 1
-        assert any(c["finish_reason"] == "rejected" for c in row["candidates"])
+def test_memory_schedule_gives_each_prompt_a_space_and_the_engines_cache_bounds_the_pool(engine):
+    """The minimal config's memory schedule cuts on vLLM too: each prompt's space is one of its 8 candidates at full
+    length (n / 8); the engine's KV cache (models.kv_cache_mb) bounds the pool's."""
+    r = runner(engine, method={"name": "speculative_rejection", "n": 8})
+    kv, (_, blocks) = r.engine.kv_bytes_per_token, r.engine.kv_blocks()
+    assert kv == 2048 and blocks * r.engine.block_size * kv == MODELS["kv_cache_mb"] * 2**20
+    items = demo_items(4)
+    rows = r.run(items)
+    for row, (_, p) in zip(rows, r.prepare(items)[0]):
+        assert row["stats"]["memory_budget_bytes"] == (len(p.ids) + 1 * 32) * kv
+    assert sum(row["stats"]["rejection_rounds"] for row in rows) >= 2
+    assert sum(c["finish_reason"] == "rejected" for row in rows for c in row["candidates"]) >= 4
 
 
 def test_two_threads_at_once_give_the_rows_of_one_call(engine):

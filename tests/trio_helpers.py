@@ -24,7 +24,7 @@ from workers.candidates import PromptInput
 from workers.context import Context
 from workers.methods import run_method as method_results
 from workers.methods.measures import add_measures
-from workers.scoring.scorers import LexicalScorer
+from workers.scoring.scorers import LexicalScorer, LogprobScorer
 
 BASE = {
     "name": "test",
@@ -88,12 +88,14 @@ def params_of(method: dict):
 
 
 def trio_context(meter: Meter, generation: dict | None = None, seed: int = 0, reward: str = "model") -> Context:
-    """A Context on the bundled trio: generation settings over BASE's, `reward` 'model' (the tiny reward model) or
-    'lexical' (concept coverage)."""
+    """A Context on the bundled trio: generation settings over BASE's, `reward` 'model' (the tiny reward model),
+    'lexical' (concept coverage) or 'logprob' (the target's mean token log-probability)."""
     g = GenerationConfig(**merge(BASE["generation"], generation or {}))
     ctx = trio().context_for(meter)
+    rewards = {"model": ctx.reward, "lexical": LexicalScorer(),
+               "logprob": LogprobScorer(ctx.target, ctx.pad_id, 8192)}
     return replace(ctx, sampling=Sampling(g.temperature, g.top_p, g.top_k, g.sampler, g.gamma), seed=seed,
-                   reward={"model": ctx.reward, "lexical": LexicalScorer()}[reward])
+                   reward=rewards[reward])
 
 
 def trio_prompts(items: list[dict], max_new_tokens: int | None = None) -> list[PromptInput]:

@@ -31,6 +31,14 @@ class Candidate:
     text: str = ""
     reward: float | None = None
     partial_rewards: list[float] = field(default_factory=list)
+    logprob: float | None = None  # the target's log-probability of `tokens` (temperature 1), where the engine kept it
+
+    def perplexity(self) -> float | None:
+        """exp of the mean negative log-likelihood of its tokens under the target (paper 002's measure), from
+        `logprob`; None without it or without tokens."""
+        if self.logprob is None or not self.tokens:
+            return None
+        return math.exp(-self.logprob / len(self.tokens))
 
     def struct(self) -> dict:
         """The candidate as an element of its output row's `candidates` list (schemas.rows.CANDIDATE)."""

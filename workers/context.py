@@ -51,8 +51,8 @@ class Context:
     def decode(self, tokens: list[int]) -> str:
         return self.tokenizer.decode(tokens, skip_special_tokens=True).strip()
 
-    def scored(self, group: int, prompt: PromptInput, tokens: list[int]) -> Scored:
-        return Scored(group, prompt.messages, self.decode(tokens), prompt.ids, list(tokens), prompt.concepts)
+    def scored(self, group: int, prompt: PromptInput, tokens: list[int], logprob: float | None = None) -> Scored:
+        return Scored(group, prompt.messages, self.decode(tokens), prompt.ids, list(tokens), prompt.concepts, logprob)
 
     def score(self, items: list[Scored]) -> list[float | None]:
         """Rewards of items; all None when no reward is configured (methods that rank require one)."""

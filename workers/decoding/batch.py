@@ -74,6 +74,8 @@ class Batch:
     limit: torch.Tensor  # [B] most tokens this sequence may generate
     tokens: torch.Tensor  # [B, T] generated tokens; tokens[i, :length[i]] are valid
     alive: torch.Tensor  # [B] bool: False once a sequence finished or was rejected (it leaves at the next compaction)
+    logprob: torch.Tensor  # [B] float64: the target's log-probability of tokens[:length] (temperature 1, no warp),
+    # summed as they were sampled
 
     @property
     def size(self) -> int:
@@ -131,12 +133,13 @@ class Batch:
             if f.name not in ("cache", "mask", "tokens"):
                 setattr(self, f.name, torch.cat([getattr(self, f.name), getattr(other, f.name)], 0))
 
-    def append_pending(self, tok: torch.Tensor) -> None:
-        """Record `tok` [B] as each sequence's new pending token."""
+    def append_pending(self, tok: torch.Tensor, logprob: torch.Tensor) -> None:
+        """Record `tok` [B] as each sequence's new pending token, of target log-probability `logprob` [B]."""
         ar = torch.arange(self.size, device=tok.device)
         self.tokens[ar, self.length.clamp(max=self.tokens.shape[1] - 1)] = tok
         self.length = self.length + 1
         self.pending = tok
+        self.logprob = self.logprob + logprob.double()
 
     def kv_columns(self) -> int:
         return int(self.mask.shape[1])

@@ -42,6 +42,7 @@ from transformers import DynamicCache
 from workers.accounting.cost import Meter
 from workers.decoding.batch import Batch, left_pad, position_ids
 from workers.decoding.kvcache import crop_right, fork_cache, model_kv_bytes, new_cache, pack, pack_threshold
+from workers.decoding.logprobs import token_logprobs
 from workers.decoding.sampling import (
     STREAM_ACCEPT, STREAM_DRAFT, STREAM_RESIDUAL, STREAM_TOKEN, Warp, next_tokens, sample, uniforms, warp_probs,
 )
@@ -377,7 +378,8 @@ def open_batch(
         cand=torch.arange(reps, device=dev).repeat(p), key=torch.tensor(keys, dtype=torch.long, device=dev)
         .repeat_interleave(reps), length=torch.ones(b, dtype=torch.long, device=dev),
         limit=torch.tensor(limits, dtype=torch.long, device=dev).repeat_interleave(reps) + 1, tokens=tokens,
-        alive=torch.ones(b, dtype=torch.bool, device=dev), t_in=zeros.clone(), d_cache=d_cache, d_mask=d_mask,
+        alive=torch.ones(b, dtype=torch.bool, device=dev), logprob=torch.zeros(b, dtype=torch.float64, device=dev),
+        t_in=zeros.clone(), d_cache=d_cache, d_mask=d_mask,
         d_in=zeros.clone() if draft is not None else None, offset=1,
     )
 
@@ -467,12 +469,14 @@ class SpeculativeSampler:
             length=torch.zeros(b, dtype=torch.long, device=dev),
             limit=torch.tensor(limits, dtype=torch.long, device=dev).repeat_interleave(n),
             tokens=torch.full((b, max(limits)), self.pad_id, dtype=torch.long, device=dev),
-            alive=torch.ones(b, dtype=torch.bool, device=dev),
+            alive=torch.ones(b, dtype=torch.bool, device=dev), logprob=torch.zeros(b, dtype=torch.float64, device=dev),
             t_in=torch.zeros(b, dtype=torch.long, device=dev), d_cache=d.cache, d_mask=d.mask.repeat_interleave(n, 0),
             d_in=torch.zeros(b, dtype=torch.long, device=dev), offset=0,
         )
         u = uniforms(self.seed, batch.key, batch.cand, batch.length, STREAM_TOKEN)
-        batch.append_pending(next_tokens(logits.repeat_interleave(n, 0), self.warp, u))
+        first = logits.repeat_interleave(n, 0)  # [B, V]
+        tok = next_tokens(first, self.warp, u)
+        batch.append_pending(tok, token_logprobs(first[:, None], tok[:, None])[:, 0])
         self.tally.add("generated", batch.group, torch.ones_like(batch.group))
         return batch
 
@@ -551,7 +555,11 @@ def step_speculative(
         nxt = recovered_or_bonus(p[ar, n], q_next, rejected, u, greedy=False)
     block = torch.cat([drafts, drafts.new_zeros(b, 1)], 1)  # [B, G+1]
     block[ar, n] = nxt
-    return commit_block(batch, t, d, tally, block, n, active, gam, room_, eos)
+    m = commit_block(batch, t, d, tally, block, n, active, gam, room_, eos)
+    # the emitted tokens' log-probabilities under the target's unwarped logits (the pool's logprob and perplexity)
+    emitted = torch.arange(g + 1, device=dev)[None, :] < m[:, None]  # [B, G+1]
+    batch.logprob = batch.logprob + (token_logprobs(logits, block).double() * emitted).sum(-1)
+    return m
 
 
 def commit_block(batch, t, d, tally: DecodeTally, block: torch.Tensor, accepted: torch.Tensor, active: torch.Tensor,

@@ -13,6 +13,7 @@ import torch
 from workers.accounting.cost import Meter
 from workers.decoding.batch import Batch, forward, left_pad
 from workers.decoding.kvcache import model_kv_bytes, new_cache
+from workers.decoding.logprobs import token_logprobs
 from workers.decoding.sampling import STREAM_TOKEN, Warp, next_tokens, uniforms
 from workers.decoding.shared_prefix import share
 
@@ -73,6 +74,7 @@ class TargetSampler:
             limit=torch.tensor(limits, dtype=torch.long, device=dev).repeat_interleave(n),
             tokens=torch.full((len(prompts) * n, max(limits)), self.pad_id, dtype=torch.long, device=dev),
             alive=torch.ones(len(prompts) * n, dtype=torch.bool, device=dev),
+            logprob=torch.zeros(len(prompts) * n, dtype=torch.float64, device=dev),
         )
         self._sample_into(batch, logits.repeat_interleave(n, 0))
         return batch
@@ -86,8 +88,11 @@ class TargetSampler:
         self._sample_into(batch, logits[:, -1])
 
     def _sample_into(self, batch: Batch, logits: torch.Tensor) -> None:
+        """Sample each sequence's next token from `logits` [B, V] (warped), and record its log-probability under the
+        unwarped logits (temperature 1): the `logprob` reward and the perplexity read it, no forward needed."""
         u = uniforms(self.seed, batch.key, batch.cand, batch.length, STREAM_TOKEN)
-        batch.append_pending(next_tokens(logits, self.warp, u))
+        tok = next_tokens(logits, self.warp, u)  # [B]
+        batch.append_pending(tok, token_logprobs(logits[:, None], tok[:, None])[:, 0])
 
     def done(self, batch: Batch) -> torch.Tensor:
         """[B] bool: alive sequences whose last token is EOS or that reached their limit."""

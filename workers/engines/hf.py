@@ -22,11 +22,10 @@ from workers.candidates import PromptInput
 from workers.context import Context
 from workers.decoding.batch import Batch
 from workers.decoding.kvcache import context_length, model_kv_bytes, storage_columns
-from workers.decoding.logprobs import perplexities
 from workers.decoding.shared_prefix import shares_exactly, worth_sharing
 from workers.decoding.speculative import SpeculativeSampler
 from workers.decoding.target import TargetSampler
-from workers.pool.decoder import Key
+from workers.pool.decoder import Key, Seq
 from workers.pool.loop import start_thread
 
 log = logging.getLogger(__name__)
@@ -99,15 +98,20 @@ class HfEngine:
 
     # -- memory ------------------------------------------------------------------------------------------------------
     def budget(self) -> int:
-        """Bytes a batch's sequences may take: `memory_budget`, else MEMORY_FRACTION of the memory free now."""
-        return self.memory_budget if self.memory_budget is not None else int(
-            free_memory_bytes(self.device) * MEMORY_FRACTION)
+        """Bytes a batch's sequences may take (the pool's KV space): `memory_budget` (tests), else
+        models.kv_cache_mb, else MEMORY_FRACTION of the memory free now."""
+        if self.memory_budget is not None:
+            return self.memory_budget
+        mb = self.config.models.kv_space_mb
+        return int(mb * 2**20) if mb is not None else int(free_memory_bytes(self.device) * MEMORY_FRACTION)
 
     def memory_need(self, prompt: PromptInput, params, reward=None) -> int:
         """Bytes one prompt's sequences may take at their peak (`batch_memory_need`) under a method's parameters;
         with `reward`'s caches that a session keeps between decisions (Speculative Rejection's)."""
         rows = params.candidates()
-        new = prompt.limit if params.kv_grows() else 1  # a bounded cache: only the start must fit whole
+        new = prompt.limit
+        if not params.kv_grows():  # the memory schedule bounds the responses to its prompt's space
+            new = min(new, -(-params.kv_space_candidates() * prompt.limit // rows) + 1)
         # the target sampler shares a prompt's cache across its candidates where that is exact
         shared = self.draft is None and params.pool and worth_sharing(len(prompt.ids), rows, self.kv_bytes_per_token) \
             and shares_exactly(self.target)
@@ -158,7 +162,8 @@ class HfEngine:
     def decoder(self, ctx: Context, params, reward=None) -> "HfDecoder":
         """A candidate pool's decoder for a method's parameters, on this engine's models, with the memory budget
         read now."""
-        return HfDecoder(ctx, params.candidates(), lambda p: self.memory_need(p, params, reward), self.budget())
+        budget = self.budget()
+        return HfDecoder(ctx, params.candidates(), lambda p: self.memory_need(p, params, reward), budget, budget)
 
     def synchronize(self) -> None:
         if self.device.type == "cuda":
@@ -175,8 +180,10 @@ class HfDecoder:
     the batch while it decodes (`Batch.extend`); the speculative sampler's prompts start together, as many as fit,
     and the next ones once the batch is empty."""
 
-    def __init__(self, ctx: Context, n: int, need: Callable[[PromptInput], int] | None = None, budget: int = 0):
-        self.ctx, self.n, self.need, self.budget = ctx, n, need, budget
+    def __init__(self, ctx: Context, n: int, need: Callable[[PromptInput], int] | None = None, budget: int = 0,
+                 space: int | None = None):
+        """`space`: the pool's KV space in bytes (None: the device's free memory, read when asked)."""
+        self.ctx, self.n, self.need, self.budget, self.space = ctx, n, need, budget, space
         self.device = next(ctx.target.parameters()).device
         if ctx.sampling.sampler == "speculative":
             if ctx.draft is None:
@@ -185,9 +192,9 @@ class HfDecoder:
                                               ctx.warp, ctx.seed, ctx.meter)
         else:
             self.sampler = TargetSampler(ctx.target, ctx.pad_id, ctx.eos_ids, ctx.warp, ctx.seed, ctx.meter)
+        self.kv_bytes_per_token = self.sampler.kv_bytes_per_column
         self.batch: Batch | None = None
         self.prompts: dict[int, PromptInput] = {}  # by group, while its sequences may run
-        self.answers: dict[object, float | None] = {}  # perplexities measured, not taken yet
 
     def _running(self) -> bool:
         return self.batch is not None and bool(self.batch.alive.any())
@@ -226,36 +233,43 @@ class HfDecoder:
         if self._running():
             self.sampler.step(self.batch)
 
-    def ended(self) -> list[tuple[Key, list[int]]]:
+    @staticmethod
+    def _seqs(b: Batch, idx: torch.Tensor | None = None) -> list[Seq]:
+        """The batch's sequences (rows `idx`, default all) as the pool sees them."""
+        if idx is not None:
+            group, cand, tokens, length, logprob = b.group[idx], b.cand[idx], b.tokens[idx], b.length[idx], \
+                b.logprob[idx]
+        else:
+            group, cand, tokens, length, logprob = b.group, b.cand, b.tokens, b.length, b.logprob
+        return [Seq(key, t[:k], lp) for key, t, k, lp in zip(zip(group.tolist(), cand.tolist()), tokens.tolist(),
+                                                            length.tolist(), logprob.tolist())]
+
+    def ended(self) -> list[Seq]:
         b = self.batch
         if b is None:
             return []
         out = []
         done = self.sampler.done(b)
         if bool(done.any()):
-            idx = done.nonzero().flatten()
-            keys = zip(b.group[idx].tolist(), b.cand[idx].tolist())
-            out = [(key, t[:k]) for key, t, k in zip(keys, b.tokens[idx].tolist(), b.length[idx].tolist())]
+            out = self._seqs(b, done.nonzero().flatten())
             b.alive &= ~done
         b.compact(min_dead=max(1, b.size // COMPACT_FRACTION))
         return out
 
-    def running(self) -> tuple[list[Key], list[list[int]]]:
+    def running(self) -> list[Seq]:
         b = self.batch
         if b is None:
-            return [], []
+            return []
         b.compact()  # every row alive: rows and running sequences are one
-        keys = list(zip(b.group.tolist(), b.cand.tolist()))
-        return keys, [t[:k] for t, k in zip(b.tokens.tolist(), b.length.tolist())]
+        return self._seqs(b)
 
-    def lengths(self) -> dict[int, int]:
-        if not self._running():
-            return {}
+    def lengths(self) -> dict[int, list[int]]:
         b = self.batch
-        groups, where = torch.unique(b.group[b.alive], return_inverse=True)
-        longest = torch.zeros(len(groups), dtype=torch.long, device=b.length.device)
-        longest.scatter_reduce_(0, where, b.length[b.alive], reduce="amax")
-        return dict(zip(groups.tolist(), longest.tolist()))
+        out: dict[int, list[int]] = {}
+        if b is not None:
+            for g, length in zip(b.group[b.alive].tolist(), b.length[b.alive].tolist()):
+                out.setdefault(g, []).append(length)
+        return out
 
     def drop(self, keys: Sequence[Key]) -> None:
         if not keys:
@@ -266,15 +280,134 @@ class HfDecoder:
         b.alive[torch.tensor(rows, dtype=torch.long, device=b.alive.device)] = False
         b.compact()
 
-    def kv_bytes(self) -> int:
+    def kv_space(self) -> int | None:
+        """The pool's KV space: as given, else the device's free memory (the host's available memory on CPU)."""
+        return self.space if self.space is not None else device_free_bytes(self.device)
+
+    def stats(self, group: int) -> dict:
+        return self.sampler.stats(group)
+
+    def forget(self, group: int) -> None:
+        self.prompts.pop(group, None)
+
+    def synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+class HfDecoder:
+    """A candidate pool's sequences (n candidates per prompt) in one `Batch` on the hf engine
+    (`workers.pool.decoder.Decoder`), sampled by `ctx.sampling`'s sampler.
+
+    Prompts start as long as the memory their sequences may take at their peak (`need(prompt)`, bytes) fits in
+    `budget` beside the running prompts (each charged its need x its running candidates / n; a prompt always
+    starts when nothing runs; without `need`, every prompt starts at once). The target sampler lets prompts join
+    the batch while it decodes (`Batch.extend`); the speculative sampler's prompts start together, as many as fit,
+    and the next ones once the batch is empty."""
+
+    def __init__(self, ctx: Context, n: int, need: Callable[[PromptInput], int] | None = None, budget: int = 0,
+                 space: int | None = None):
+        """`space`: the pool's KV space in bytes (None: the device's free memory, read when asked)."""
+        self.ctx, self.n, self.need, self.budget, self.space = ctx, n, need, budget, space
+        self.device = next(ctx.target.parameters()).device
+        if ctx.sampling.sampler == "speculative":
+            if ctx.draft is None:
+                raise ValueError("models.draft: required by the speculative sampler")
+            self.sampler = SpeculativeSampler(ctx.target, ctx.draft, ctx.sampling.gamma, ctx.pad_id, ctx.eos_ids,
+                                              ctx.warp, ctx.seed, ctx.meter)
+        else:
+            self.sampler = TargetSampler(ctx.target, ctx.pad_id, ctx.eos_ids, ctx.warp, ctx.seed, ctx.meter)
+        self.kv_bytes_per_token = self.sampler.kv_bytes_per_column
+        self.batch: Batch | None = None
+        self.prompts: dict[int, PromptInput] = {}  # by group, while its sequences may run
+
+    def _running(self) -> bool:
+        return self.batch is not None and bool(self.batch.alive.any())
+
+    def admit(self, waiting: Sequence[PromptInput]) -> int:
+        running = self._running()
+        if running and not self.sampler.admits:
+            return 0
+        if self.need is None:
+            return 0 if running else len(waiting)
+        used = 0.0
+        if running:
+            b = self.batch
+            groups, counts = torch.unique(b.group[b.alive], return_counts=True)
+            used = sum(self.need(self.prompts[g]) * r / self.n for g, r in zip(groups.tolist(), counts.tolist()))
+        take = 0
+        for p in waiting:
+            need = self.need(p)
+            if (used or take) and used + need > self.budget:
+                break
+            take += 1
+            used += need
+        return take
+
+    def start(self, groups: list[int], prompts: list[PromptInput]) -> None:
+        new = self.sampler.prefill([p.ids for p in prompts], self.n, [p.key for p in prompts],
+                                   [p.limit for p in prompts], first_group=groups[0])
+        self.prompts.update(zip(groups, prompts))
+        b = self.batch
+        if b is None or not b.size:
+            self.batch = new
+        else:
+            b.extend(new, self.ctx.pad_id)
+
+    def step(self) -> None:
+        if self._running():
+            self.sampler.step(self.batch)
+
+    @staticmethod
+    def _seqs(b: Batch, idx: torch.Tensor | None = None) -> list[Seq]:
+        """The batch's sequences (rows `idx`, default all) as the pool sees them."""
+        if idx is not None:
+            group, cand, tokens, length, logprob = b.group[idx], b.cand[idx], b.tokens[idx], b.length[idx], \
+                b.logprob[idx]
+        else:
+            group, cand, tokens, length, logprob = b.group, b.cand, b.tokens, b.length, b.logprob
+        return [Seq(key, t[:k], lp) for key, t, k, lp in zip(zip(group.tolist(), cand.tolist()), tokens.tolist(),
+                                                            length.tolist(), logprob.tolist())]
+
+    def ended(self) -> list[Seq]:
         b = self.batch
         if b is None:
-            return 0
-        return b.size * (b.kv_columns() + self.sampler.columns_per_step) * self.sampler.kv_bytes_per_column
+            return []
+        out = []
+        done = self.sampler.done(b)
+        if bool(done.any()):
+            out = self._seqs(b, done.nonzero().flatten())
+            b.alive &= ~done
+        b.compact(min_dead=max(1, b.size // COMPACT_FRACTION))
+        return out
+
+    def running(self) -> list[Seq]:
+        b = self.batch
+        if b is None:
+            return []
+        b.compact()  # every row alive: rows and running sequences are one
+        return self._seqs(b)
+
+    def lengths(self) -> dict[int, list[int]]:
+        b = self.batch
+        out: dict[int, list[int]] = {}
+        if b is not None:
+            for g, length in zip(b.group[b.alive].tolist(), b.length[b.alive].tolist()):
+                out.setdefault(g, []).append(length)
+        return out
+
+    def drop(self, keys: Sequence[Key]) -> None:
+        if not keys:
+            return
+        b = self.batch
+        gone = set(keys)
+        rows = [r for r, key in enumerate(zip(b.group.tolist(), b.cand.tolist())) if key in gone]
+        b.alive[torch.tensor(rows, dtype=torch.long, device=b.alive.device)] = False
+        b.compact()
 
     def kv_space(self) -> int | None:
-        """The device's free memory (the host's available memory on CPU)."""
-        return device_free_bytes(self.device)
+        """The pool's KV space: as given, else the device's free memory (the host's available memory on CPU)."""
+        return self.space if self.space is not None else device_free_bytes(self.device)
 
     def stats(self, group: int) -> dict:
         return self.sampler.stats(group)

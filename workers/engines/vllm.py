@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-import math
 import os
 import queue
 import sys
@@ -42,11 +41,11 @@ from workers.context import Context
 from workers.decoding.kvcache import context_length, kv_bytes_per_token
 from workers.engines.hf import eos_token_ids, pad_token_id
 from workers.loading import checkpoint_dtype, local_model_folder, pick_device, pick_dtype, remote_code_guard
-from workers.pool.decoder import Key
+from workers.pool.decoder import Key, Seq
 
 log = logging.getLogger(__name__)
 
-CPU_KV_CACHE_MB = 1024  # the CPU engine's KV cache when models.vllm_kv_cache_mb is null
+CPU_KV_CACHE_MB = 1024  # the CPU engine's KV cache when models.kv_cache_mb is null
 CPU_BLOCK_SIZE = 32  # CPU attention needs a multiple of 32; vLLM's CPU default (128) shares no prefix under 128 tokens
 SEED_MODULUS = 2**31 - 2**17  # candidate seeds stay in int32 for every n up to 65536
 
@@ -197,7 +196,7 @@ class VllmEngine:
         )
         if self.context is not None:
             kw["max_model_len"] = self.context
-        kv_mb = m.vllm_kv_cache_mb if m.vllm_kv_cache_mb is not None else (CPU_KV_CACHE_MB if cpu else None)
+        kv_mb = m.kv_space_mb if m.kv_space_mb is not None else (CPU_KV_CACHE_MB if cpu else None)
         if kv_mb is not None:
             kw["kv_cache_memory_bytes"] = int(kv_mb * 2**20)
         if cpu:
@@ -260,6 +259,7 @@ class VllmDecoder:
 
     def __init__(self, engine: VllmEngine, ctx: Context, params):
         self.engine, self.llm, self.ctx = engine, engine.llm, ctx
+        self.kv_bytes_per_token = engine.kv_bytes_per_token
         self.pool_id = next(engine.pools)
         self.n = params.candidates()
         self.sampling = ctx.sampling
@@ -267,12 +267,11 @@ class VllmDecoder:
         self.prompts: dict[int, PromptInput] = {}
         self.requests: dict[str, Key] = {}  # running request id -> its sequence
         self.tokens: dict[Key, list[int]] = {}  # every sequence's tokens so far (while it runs, with DELTA outputs)
+        self.logprobs: dict[Key, float] = {}  # and their log-probabilities under the target (vLLM's raw logprobs)
         self.counted: dict[Key, int] = {}  # target tokens counted for a running sequence, step by step
         self.exact: dict[Key, int] = {}  # its exact target tokens from the outputs that came
         self.stepped: set[Key] = set()  # sequences that had their first (prefill) step
-        self.done: list[tuple[Key, list[int]]] = []  # ended since the last `ended`
-        self.measures: dict[str, tuple[object, int]] = {}  # perplexity request id -> its tag, its prompt's length
-        self.answers: dict[object, float | None] = {}
+        self.done: list[Seq] = []  # ended since the last `ended`
 
     def rid(self, key: Key) -> str:
         return f"{self.pool_id}:{key[0]}:{key[1]}"
@@ -300,6 +299,7 @@ class VllmDecoder:
             # a pool that decides reads the tokens at every step; the others only once a candidate is done (as
             # LLM.generate does), which spares the engine an output object per request and step
             output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY,
+            logprobs=0,  # each sampled token's own log-probability, before temperature and top-p (raw_logprobs)
             seed=candidate_seed(self.ctx.seed, prompt.key, index) if s.temperature > 0 else None,
         )
 
@@ -310,7 +310,7 @@ class VllmDecoder:
                 key = (g, c)
                 rid = self.rid(key)
                 self.requests[rid] = key
-                self.tokens[key], self.counted[key], self.exact[key] = [], 0, 0
+                self.tokens[key], self.logprobs[key], self.counted[key], self.exact[key] = [], 0.0, 0, 0
                 self.llm.add_request(rid, {"prompt_token_ids": list(p.ids)}, self.params(p, c))
 
     def step(self) -> None:
@@ -324,9 +324,6 @@ class VllmDecoder:
             self.stepped.update(live)
             self.ctx.meter.count_forward("target", torch.tensor([k[0] for k in live]), torch.tensor(work))
         for out in self.llm.step():
-            if out.request_id in self.measures:
-                self._measured(out)
-                continue
             key = self.requests.get(out.request_id)
             if key is None:
                 continue
@@ -336,11 +333,12 @@ class VllmDecoder:
                 self.exact[key] += len(self.prompts[key[0]].ids) - int(out.num_cached_tokens or 0)
             self.exact[key] += len(new)
             self.tokens[key].extend(new)
+            self.logprobs[key] += sum(step[t].logprob for t, step in zip(new, o.logprobs or ()))
             if out.finished:
                 if o.finish_reason not in ("stop", "length"):
                     raise RuntimeError(f"vLLM ended request {out.request_id} with finish reason {o.finish_reason!r}")
                 self._leave(key)
-                self.done.append((key, self.tokens[key]))
+                self.done.append(Seq(key, self.tokens[key], self.logprobs[key]))
 
     def _leave(self, key: Key) -> None:
         """A sequence stops running: its request is gone, its counted tokens settled to the exact count."""
@@ -348,18 +346,17 @@ class VllmDecoder:
         self.ctx.meter.settle("target", key[0], self.exact.pop(key) - self.counted.pop(key))
         self.stepped.discard(key)
 
-    def ended(self) -> list[tuple[Key, list[int]]]:
+    def ended(self) -> list[Seq]:
         out, self.done = sorted(self.done), []  # in key order, whatever order the engine's outputs came in
         return out
 
-    def running(self) -> tuple[list[Key], list[list[int]]]:
-        keys = list(self.requests.values())
-        return keys, [list(self.tokens[k]) for k in keys]
+    def running(self) -> list[Seq]:
+        return [Seq(k, list(self.tokens[k]), self.logprobs[k]) for k in sorted(self.requests.values())]
 
-    def lengths(self) -> dict[int, int]:
-        out: dict[int, int] = {}
-        for g, c in self.requests.values():
-            out[g] = max(out.get(g, 0), len(self.tokens[(g, c)]))
+    def lengths(self) -> dict[int, list[int]]:
+        out: dict[int, list[int]] = {}
+        for key in self.requests.values():
+            out.setdefault(key[0], []).append(len(self.tokens[key]))
         return out
 
     def drop(self, keys: Sequence[Key]) -> None:
@@ -368,16 +365,8 @@ class VllmDecoder:
             for k in keys:
                 self._leave(k)
 
-    def kv_bytes(self) -> int:
-        """The engine's KV blocks in use and those the running requests add with the next step (one for each
-        request whose cached tokens, its prompt and its response but the last token, which the next step feeds,
-        fill whole blocks), in bytes."""
-        b = self.engine.block_size
-        used, _ = self.engine.kv_blocks()
-        new = sum((len(self.prompts[g].ids) + len(self.tokens[(g, c)]) - 1) % b == 0 for g, c in self.requests.values())
-        return (used + new) * b * self.engine.kv_bytes_per_token
-
     def kv_space(self) -> int:
+        """The engine's KV cache."""
         return self.engine.num_blocks * self.engine.block_size * self.engine.kv_bytes_per_token
 
     def stats(self, group: int) -> dict:
@@ -387,45 +376,13 @@ class VllmDecoder:
         self.prompts.pop(group, None)
         for c in range(self.n):
             self.tokens.pop((group, c), None)
-
-    # -- quality measures, outside the cost window (the perplexity of workers.decoding.logprobs) -------------------
-    def measure(self, requests: list[tuple[object, list[int], list[int]]]) -> None:
-        """One request per (tag, prompt ids, response ids) that scores the response's tokens (prompt logprobs at
-        temperature 1; one token generated and dropped)."""
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
-
-        context = self.engine.context
-        for tag, prompt, response in requests:
-            ids = list(prompt) + list(response)
-            if context is not None and len(ids) >= context:  # no room for the one token a request generates
-                self.answers[tag] = None
-                continue
-            rid = f"{self.pool_id}:measure:{tag}"
-            self.measures[rid] = (tag, len(prompt))
-            self.llm.add_request(rid, {"prompt_token_ids": ids}, SamplingParams(
-                temperature=0.0, max_tokens=1, prompt_logprobs=0, detokenize=False,
-                output_kind=RequestOutputKind.FINAL_ONLY))
-
-    def _measured(self, out) -> None:
-        if not out.finished:
-            return
-        tag, start = self.measures.pop(out.request_id)
-        chosen = list(out.prompt_token_ids)
-        logps = [out.prompt_logprobs[i][chosen[i]].logprob for i in range(start, len(chosen))]
-        self.answers[tag] = math.exp(-sum(logps) / len(logps))
-
-    def measured(self) -> dict[object, float | None]:
-        out, self.answers = self.answers, {}
-        return out
+            self.logprobs.pop((group, c), None)
 
     def synchronize(self) -> None:
         pass
 
     def close(self) -> None:
         """Abort every request of this pool still in the engine."""
-        rids = list(self.requests) + list(self.measures)
-        if rids:
-            self.llm.abort_request(rids)
+        if self.requests:
+            self.llm.abort_request(list(self.requests))
         self.requests.clear()
-        self.measures.clear()

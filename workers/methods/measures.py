@@ -4,10 +4,10 @@
   the prompt (1.0 or 0.0), and the fraction it covers; only for prompts with concepts.
 - perplexity (paper 002): exp of the mean negative log-likelihood of the returned response's tokens under the target
   at temperature 1, given the prompt (`workers.decoding.logprobs.perplexities`).
-They are added after the batch's costs are taken, and their forward is not charged to the Meter, so they change
-neither the method's tokens and calls nor its wall or device seconds. The Runner adds the constraint stats to every
-row; the perplexity comes from the decoding loop for the candidate-pool methods (`Decoder.measure`, on either
-engine) and from `add_perplexities` for the others.
+The Runner adds the constraint stats to every row. A candidate pool's perplexity comes from the log-probabilities
+its decoder kept while sampling (`workers.pool`, on either engine: no forward); for the methods with a loop of their
+own, `add_perplexities` runs a forward after the batch's costs are taken, not charged to the Meter, so it changes
+neither the method's tokens and calls nor its wall or device seconds.
 """
 
 from __future__ import annotations
@@ -27,9 +27,10 @@ def constraint_stats(text: str, concepts: list[str] | None) -> dict:
 
 
 def add_perplexities(ctx: Context, prompts: list[PromptInput], results: list[MethodResult]) -> None:
-    """Add the perplexity of each prompt's returned candidate under the target, in place."""
+    """Add the perplexity of each prompt's returned candidate under the target, in place, by a forward, where the
+    result has none (a candidate pool's comes from its decoding)."""
     best = [r.candidates[r.best_index] if r.best_index is not None else None for r in results]
-    have = [i for i, c in enumerate(best) if c is not None]
+    have = [i for i, c in enumerate(best) if c is not None and "perplexity" not in results[i].stats]
     ppl = perplexities(ctx.target, ctx.pad_id, [prompts[i].ids for i in have], [best[i].tokens for i in have])
     for i, value in zip(have, ppl):
         results[i].stats["perplexity"] = value

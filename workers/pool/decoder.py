@@ -9,19 +9,31 @@ rejected ones aborted).
 
 A sequence is named by its *key* (group, cand): *group* is its prompt's number in the pool (numbers grow as prompts
 join a pool and are never reused), *cand* its index among the prompt's n candidates. A sequence's *tokens* are its
-response so far (every token sampled for it).
+response so far (every token sampled for it), and its *logprob* the target's log-probability of them at temperature
+1 (before any warp), summed as they were sampled: the `logprob` reward and the perplexity read it, with no forward
+of their own.
 """
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from typing import NamedTuple, Protocol, Sequence
 
 from workers.candidates import PromptInput
 
 Key = tuple[int, int]  # (group, cand)
 
 
+class Seq(NamedTuple):
+    """A sequence as a decoder reports it."""
+
+    key: Key
+    tokens: list[int]
+    logprob: float | None  # None where a decoder does not track it
+
+
 class Decoder(Protocol):
+    kv_bytes_per_token: int  # KV-cache bytes of one token of one sequence (of every model that keeps a cache)
+
     def admit(self, waiting: Sequence[PromptInput]) -> int:
         """How many of the waiting prompts (in order) may start now: as many as the room left holds, and at least
         one when nothing runs."""
@@ -33,21 +45,18 @@ class Decoder(Protocol):
     def step(self) -> None:
         """One decoding step of every running sequence."""
 
-    def ended(self) -> list[tuple[Key, list[int]]]:
-        """The sequences that finished (EOS, or their token limit) since the last call, with their tokens; they no
-        longer run."""
+    def ended(self) -> list[Seq]:
+        """The sequences that finished (EOS, or their token limit) since the last call, in key order; they no longer
+        run."""
 
-    def running(self) -> tuple[list[Key], list[list[int]]]:
-        """Every running sequence's key and tokens, in a fixed order."""
+    def running(self) -> list[Seq]:
+        """Every running sequence, in key order."""
 
-    def lengths(self) -> dict[int, int]:
-        """Each group with running sequences: its longest running response, in tokens."""
+    def lengths(self) -> dict[int, list[int]]:
+        """Each group with running sequences: the lengths of its running responses, in tokens."""
 
     def drop(self, keys: Sequence[Key]) -> None:
         """Stop running sequences (rejected ones): they generate nothing more and their KV cache is freed."""
-
-    def kv_bytes(self) -> int:
-        """KV-cache bytes the running sequences will hold after the next step."""
 
     def kv_space(self) -> int | None:
         """KV-cache bytes this pool is given (None where they cannot be read)."""
@@ -58,15 +67,8 @@ class Decoder(Protocol):
     def forget(self, group: int) -> None:
         """Drop what is held for a prompt whose candidates have all ended and whose row is made."""
 
-    def measure(self, requests: list[tuple[object, list[int], list[int]]]) -> None:
-        """Ask for the perplexity under the target (temperature 1) of each (tag, prompt ids, response ids); the
-        answers come from `measured`, outside any prompt's cost."""
-
-    def measured(self) -> dict[object, float]:
-        """The perplexities answered since the last call, by tag."""
-
     def synchronize(self) -> None:
         """Wait for the device's queued work (its time belongs to the prompts that caused it)."""
 
     def close(self) -> None:
-        """Stop every sequence and measure still held (the pool is dropped)."""
+        """Stop every sequence still held (the pool is dropped)."""

@@ -19,7 +19,7 @@ fails those batches) and the next call gets a fresh pool.
 Costs: the pool's meter charges each stretch of the loop's time to the prompts that caused its tokens
 (`workers.accounting.cost.Meter.tick`), so device seconds add up to the loop's busy time however the calls
 overlapped; a call's `wall_seconds` is its own wall time. A call's prompts' costs are taken when their candidates
-have all ended; the perplexity of their answers is measured after that (`Decoder.measure`), outside any cost.
+have all ended.
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ from workers.pool.pool import Pool
 
 @dataclass
 class Outcome:
-    """What a call gets back per prompt: the method's result (perplexity included), its cost struct, and how many of
-    its reward inputs were cut to the reward model's context."""
+    """What a call gets back per prompt: the method's result, its cost struct, and how many of its reward inputs were
+    cut to the reward model's context."""
 
     result: MethodResult
     cost: dict
@@ -54,7 +54,6 @@ class Call:
     started: float = field(default_factory=time.perf_counter)
     groups: list[int] = field(default_factory=list)
     pending: set[int] = field(default_factory=set)  # groups whose candidates have not all ended
-    measuring: set[int] = field(default_factory=set)  # groups whose perplexity is asked and not answered
     outcomes: dict[int, Outcome] = field(default_factory=dict)  # by group
     error: BaseException | None = None
     done: threading.Event = field(default_factory=threading.Event)
@@ -133,52 +132,29 @@ class Loop:
         self.calls.append(call)
 
     def _turn(self) -> None:
-        """One step of the pool, then the costs of the calls whose prompts have all ended and the rows of those
-        whose perplexities are all measured."""
+        """One step of the pool, then the outcomes of every call whose prompts are all done."""
         pool, meter = self.pool, self.meter
-        if any(c.pending for c in self.calls):
-            pool.step()
-            meter.tick()
-            ended = pool.complete(sorted(set().union(*(c.pending for c in self.calls))))
-            if ended:
-                meter.tick()  # their final scoring is theirs
-                for call in self.calls:
-                    call.pending.difference_update(ended)
-                for call in self.calls:
-                    if not call.pending and not call.outcomes:
-                        self._close_costs(call)
-        else:
-            pool.decoder.step()  # only perplexities left in flight
-        answered = pool.decoder.measured()
-        for call in list(self.calls):
-            for (g, value) in [(g, answered.pop(g)) for g in list(call.measuring) if g in answered]:
-                call.outcomes[g].result.stats["perplexity"] = value
-                call.measuring.discard(g)
-            if call.outcomes and not call.pending and not call.measuring:
-                self._finish(call)
+        pool.step()
+        meter.tick()
+        ended = pool.complete(sorted(set().union(*(c.pending for c in self.calls))))
+        if not ended:
+            return
+        meter.tick()  # their final scoring is theirs
+        for call in self.calls:
+            call.pending.difference_update(ended)
+        for call in [c for c in self.calls if not c.pending]:
+            self._finish(call)
 
-    def _close_costs(self, call: Call) -> None:
-        """A call whose prompts have all ended: its results and costs (the cost window closes here), then the
-        perplexity of each answer, asked for outside the cost window."""
+    def _finish(self, call: Call) -> None:
+        """A call whose prompts have all ended: its results and costs (the cost window closes here), its prompts
+        forgotten by the pool."""
         pool, meter = self.pool, self.meter
         pool.decoder.synchronize()
         costs = meter.per_prompt(self.devices, call.groups, time.perf_counter() - call.started)
-        asks = []
         for g, cost in zip(call.groups, costs):
-            result = pool.result(g)
-            call.outcomes[g] = Outcome(result, cost, int(meter.reward_inputs_truncated[g - meter.base]))
-            best = result.candidates[result.best_index] if result.best_index is not None else None
-            if best is not None and best.tokens:
-                asks.append((g, pool.prompts[g].prompt.ids, best.tokens))
-                call.measuring.add(g)
-            else:
-                result.stats["perplexity"] = None
-        pool.decoder.measure(asks)
-        meter.pause()  # the quality measures' time is nobody's
-
-    def _finish(self, call: Call) -> None:
-        for g in call.groups:
-            self.pool.forget(g)
+            call.outcomes[g] = Outcome(pool.result(g), cost, int(meter.reward_inputs_truncated[g - meter.base]))
+            pool.forget(g)
+        meter.pause()  # decoding the results' texts is nobody's
         self.calls.remove(call)
-        self.meter.retire(min((g for c in self.calls for g in c.groups), default=self.pool.next_group))
+        meter.retire(min((g for c in self.calls for g in c.groups), default=pool.next_group))
         call.done.set()

@@ -23,7 +23,7 @@ from typing import Sequence
 
 from workers.candidates import Candidate, MethodResult, PromptInput, best_of, reward_stats
 from workers.context import Context
-from workers.pool.decoder import Decoder, Key
+from workers.pool.decoder import Decoder, Key, Seq
 from workers.pool.schedules import NoDecisions, rejection_cut, schedule_for
 
 
@@ -36,6 +36,7 @@ class PromptState:
     partials: dict[int, list[float]] = field(default_factory=lambda: defaultdict(list))  # cand -> partial rewards
     decisions: list[int] = field(default_factory=list)  # its longest running response at each decision
     unscored: list[int] = field(default_factory=list)  # candidates ended since its last decision, no reward yet
+    started: bool = False
 
     @property
     def ended(self) -> bool:
@@ -88,7 +89,7 @@ class Pool:
         self._harvest()
         if not self.live:
             return bool(self.waiting)
-        due = self.schedule.due(self.decoder)
+        due = self.schedule.due(self.decoder, {g: s.prompt for g, s in self.prompts.items()})
         if due:
             self.schedule.rejected(self._decide(due))
             if not self.live:
@@ -97,18 +98,24 @@ class Pool:
         return True
 
     def _admit(self) -> None:
+        """Start the waiting prompts that both the decoder and the schedule have room for (at least one when none
+        runs)."""
         if not self.waiting:
             return
-        take = self.decoder.admit([self.prompts[g].prompt for g in self.waiting])
+        waiting = [self.prompts[g].prompt for g in self.waiting]
+        running = [s.prompt for g, s in self.prompts.items() if s.started and not s.ended]
+        take = min(self.decoder.admit(waiting), self.schedule.admit(running, waiting))
         if take:
             groups, self.waiting = self.waiting[:take], self.waiting[take:]
+            for g in groups:
+                self.prompts[g].started = True
             self.decoder.start(groups, [self.prompts[g].prompt for g in groups])
             self.live += take * self.n
 
     def _harvest(self) -> None:
-        for (g, c), tokens in self.decoder.ended():
+        for (g, c), tokens, logprob in self.decoder.ended():
             state = self.prompts[g]
-            state.candidates[c] = Candidate(tokens, self.ctx.finish_reason(tokens))
+            state.candidates[c] = Candidate(tokens, self.ctx.finish_reason(tokens), logprob=logprob)
             state.unscored.append(c)
             self.live -= 1
 
@@ -117,24 +124,24 @@ class Pool:
             self.scoring = self.ctx.reward_session()
         return self.scoring
 
-    def _score(self, live: Sequence[tuple[Key, list[int]]], done: list[Key]) -> list[float | None]:
-        """Partial rewards of the running candidates `live` (key and tokens so far), scored in one call with the
-        final rewards of the ended candidates `done` (set on them)."""
+    def _score(self, live: Sequence[Seq], done: list[Key]) -> list[float | None]:
+        """Partial rewards of the running candidates `live`, scored in one call with the final rewards of the ended
+        candidates `done` (set on them)."""
         ctx = self.ctx
-        items = [ctx.scored(g, self.prompts[g].prompt, t) for (g, _), t in live]
-        items += [ctx.scored(g, self.prompts[g].prompt, self.prompts[g].candidates[c].tokens) for g, c in done]
-        scores = self._session().score([k for k, _ in live] + done, items, [False] * len(live) + [True] * len(done))
+        items = [ctx.scored(s.key[0], self.prompts[s.key[0]].prompt, s.tokens, s.logprob) for s in live]
+        ended = [self.prompts[g].candidates[c] for g, c in done]
+        items += [ctx.scored(g, self.prompts[g].prompt, cand.tokens, cand.logprob) for (g, _), cand in zip(done, ended)]
+        scores = self._session().score([s.key for s in live] + done, items, [False] * len(live) + [True] * len(done))
         for (g, c), s in zip(done, scores[len(live):]):
             self.prompts[g].candidates[c].reward = s
         return scores[: len(live)]
 
-    def _decide(self, groups: set[int]) -> int:
+    def _decide(self, groups: set[int]) -> dict[int, int]:
         """One rejection round for prompts `groups`: partial rewards of their running candidates, final rewards of
         their candidates ended since their last round, `rejection_cut` per prompt, and the rejected candidates
         dropped from the decoder. The rejected and the ended candidates leave the reward session together. Returns
-        the number of candidates rejected."""
-        keys, tokens = self.decoder.running()
-        live = [(k, t) for k, t in zip(keys, tokens) if k[0] in groups]
+        the number of candidates rejected per prompt."""
+        live = [s for s in self.decoder.running() if s.key[0] in groups]
         done = [(g, c) for g in sorted(groups) for c in self.prompts[g].unscored]
         for g in groups:
             self.prompts[g].unscored = []
@@ -143,20 +150,23 @@ class Pool:
         for g, c in done:
             finished[g].append(self.prompts[g].candidates[c].reward)
         of_group: dict[int, list[int]] = defaultdict(list)  # group -> its running candidates' indices in `live`
-        for i, (((g, c), _), s) in enumerate(zip(live, scores)):
-            self.prompts[g].partials[c].append(s)
+        for i, (seq, score) in enumerate(zip(live, scores)):
+            g, c = seq.key
+            self.prompts[g].partials[c].append(score)
             of_group[g].append(i)
         kept: set[int] = set()
         for g, idx in of_group.items():
-            self.prompts[g].decisions.append(max(len(live[i][1]) for i in idx))
+            self.prompts[g].decisions.append(max(len(live[i].tokens) for i in idx))
             kept.update(idx[k] for k in rejection_cut([scores[i] for i in idx], finished[g], self.alpha))
         rejected = [live[i] for i in range(len(live)) if i not in kept]
-        for (g, c), t in rejected:
-            self.prompts[g].candidates[c] = Candidate(t, "rejected")
-        self.decoder.drop([k for k, _ in rejected])
+        counts = dict.fromkeys(of_group, 0)
+        for (g, c), tokens, logprob in rejected:
+            self.prompts[g].candidates[c] = Candidate(tokens, "rejected", logprob=logprob)
+            counts[g] += 1
+        self.decoder.drop([s.key for s in rejected])
         self.live -= len(rejected)
-        self._session().release(done + [k for k, _ in rejected])
-        return len(rejected)
+        self._session().release(done + [s.key for s in rejected])
+        return counts
 
     # -- prompts whose candidates have all ended -------------------------------------------------------------------
     def complete(self, groups: Sequence[int]) -> list[int]:
@@ -172,8 +182,9 @@ class Pool:
         return ended
 
     def result(self, g: int) -> MethodResult:
-        """Prompt g's candidates (decoded), its answer and its stats. The answer is the finished candidate with the
-        highest final reward (eq. 6); a pool of one candidate answers with it."""
+        """Prompt g's candidates (decoded), its answer and its stats (the answer's perplexity under the target among
+        them, from the log-probabilities its decoder kept). The answer is the finished candidate with the highest
+        final reward (eq. 6); a pool of one candidate answers with it."""
         state = self.prompts[g]
         cands = state.candidates
         for c, cand in enumerate(cands):
@@ -186,9 +197,12 @@ class Pool:
             "decision_tokens": list(state.decisions),
             **reward_stats(cands),
             **self.decoder.stats(g),
-            **self.schedule.stats(),
+            **self.schedule.stats(state.prompt),
         }
-        return MethodResult(cands, 0 if self.n == 1 else best_of(cands), stats)  # eq. 6
+        best = 0 if self.n == 1 else best_of(cands)  # eq. 6
+        if best is not None:
+            stats["perplexity"] = cands[best].perplexity()
+        return MethodResult(cands, best, stats)
 
 
 def decode(pool: Pool, prompts: list[PromptInput]) -> list[MethodResult]:

@@ -13,48 +13,55 @@ candidate. The cut itself is the pure function `rejection_cut`.
 
 A schedule says which prompts are due for a decision, from the decoder's sequences (`workers.pool.decoder`):
 Best-of-N never decides (`NoDecisions`); `FixedSchedule` decides each time a prompt's longest running response
-reaches a multiple of k tokens (a clock per prompt); `MemorySchedule` decides when the running sequences' KV cache
-would pass the memory the pool has (paper 001's rule, the same on both engines: the decoder reports the KV bytes
-after the next step and the KV space the pool is given).
+reaches a multiple of k tokens; `MemorySchedule` is paper 001's rule: a decision when the running candidates' KV
+cache would pass the memory they have. Each prompt has a space of its own there (the KV cache that
+`memory_candidates` of its candidates hold at full length), so that a prompt's decisions depend on its own
+candidates only, whatever prompts share the decoder, on either engine; the pool's KV space bounds how many prompts
+run at once (`admit`). Every schedule keeps its clock per prompt.
 """
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from schemas.methods import SpeculativeRejection
+from workers.candidates import PromptInput
 from workers.pool.decoder import Decoder
 
 
 class NoDecisions:
     """Best-of-N (and the single-response pools): never decide."""
 
-    def due(self, decoder: Decoder) -> set[int]:
+    def admit(self, running: Sequence[PromptInput], waiting: Sequence[PromptInput]) -> int:
+        """How many of the waiting prompts (in order) the schedule lets start beside the running ones."""
+        return len(waiting)
+
+    def due(self, decoder: Decoder, prompts: Mapping[int, PromptInput]) -> set[int]:
         return set()
 
-    def rejected(self, count: int) -> None:
-        pass
+    def rejected(self, counts: Mapping[int, int]) -> None:
+        """Candidates rejected per prompt by the last round."""
 
     def forget(self, group: int) -> None:
         pass
 
-    def stats(self) -> dict:
+    def stats(self, prompt: PromptInput) -> dict:
         return {}
 
 
 class FixedSchedule(NoDecisions):
-    """A decision each time a prompt's longest running response reaches a multiple of k tokens; each prompt keeps
-    its own clock, so a prompt's decisions do not depend on the prompts decoded beside it."""
+    """A decision each time a prompt's longest running response reaches a multiple of k tokens."""
 
     def __init__(self, k: int):
         self.k = k
         self.last: dict[int, int] = defaultdict(int)  # group -> its longest response at its last decision
 
-    def due(self, decoder: Decoder) -> set[int]:
+    def due(self, decoder: Decoder, prompts: Mapping[int, PromptInput]) -> set[int]:
         out = set()
-        for g, longest in decoder.lengths().items():
+        for g, lengths in decoder.lengths().items():
+            longest = max(lengths)
             if longest // self.k > self.last[g] // self.k:
                 self.last[g] = longest
                 out.add(g)
@@ -65,37 +72,65 @@ class FixedSchedule(NoDecisions):
 
 
 class MemorySchedule(NoDecisions):
-    """A decision for every running prompt when the running sequences' KV cache would grow past `budget_bytes` with
-    the next step.
+    """Paper 001's rule, a space per prompt: a decision for a prompt when its running candidates' KV cache would pass
+    its space with the next token.
 
-    After a round, decisions continue at each further step while the cache stays over the budget and the last round
-    rejected someone; once a round can reject no one (alpha = 0, or pools too small to cut), the next decision
-    waits until the cache has been back under the budget, so an uncuttable pool is not re-scored at every token.
+    A prompt's space is the KV cache that `candidates` of its candidates hold at full length: its prompt's tokens
+    once and each response at its token limit, x `kv_bytes_per_token` (at most the pool's space). Its KV cache
+    while it decodes is counted the same way: its prompt's tokens once and each running response's tokens, with the
+    next one. Prompts start while their spaces fit in the pool's space (`pool_space`, bytes) beside the running
+    prompts' (a prompt always starts when none runs).
+
+    After a round, decisions continue at each further step while the prompt's cache stays over its space and the
+    last round rejected someone; once a round can reject no one (alpha = 0, or a pool too small to cut), its next
+    decision waits until the cache has been back under the space, so an uncuttable pool is not re-scored at every
+    token.
     """
 
-    def __init__(self, budget_bytes: int):
-        self.budget = budget_bytes
-        self.armed = True
+    def __init__(self, candidates: int, kv_bytes_per_token: int, pool_space: int):
+        self.candidates, self.kv, self.pool_space = candidates, kv_bytes_per_token, pool_space
+        self.armed: dict[int, bool] = {}
 
-    def due(self, decoder: Decoder) -> set[int]:
-        if decoder.kv_bytes() <= self.budget:
-            self.armed = True
-            return set()
-        if self.armed:
-            self.armed = False
-            return set(decoder.lengths())
-        return set()
+    def space(self, prompt: PromptInput) -> int:
+        """A prompt's KV space in bytes."""
+        return min((len(prompt.ids) + self.candidates * prompt.limit) * self.kv, self.pool_space)
 
-    def rejected(self, count: int) -> None:
-        if count > 0:
-            self.armed = True
+    def admit(self, running: Sequence[PromptInput], waiting: Sequence[PromptInput]) -> int:
+        used, take = sum(self.space(p) for p in running), 0
+        for p in waiting:
+            need = self.space(p)
+            if (used or take) and used + need > self.pool_space:
+                break
+            take += 1
+            used += need
+        return take
 
-    def stats(self) -> dict:
-        return {"memory_budget_bytes": self.budget}
+    def due(self, decoder: Decoder, prompts: Mapping[int, PromptInput]) -> set[int]:
+        out = set()
+        for g, lengths in decoder.lengths().items():
+            prompt = prompts[g]
+            held = (len(prompt.ids) + sum(lengths) + len(lengths)) * self.kv  # after the next token
+            if held <= self.space(prompt):
+                self.armed[g] = True
+            elif self.armed.get(g, True):
+                self.armed[g] = False
+                out.add(g)
+        return out
+
+    def rejected(self, counts: Mapping[int, int]) -> None:
+        for g, count in counts.items():
+            if count > 0:
+                self.armed[g] = True
+
+    def forget(self, group: int) -> None:
+        self.armed.pop(group, None)
+
+    def stats(self, prompt: PromptInput) -> dict:
+        return {"memory_budget_bytes": self.space(prompt)}
 
 
 def memory_budget(params: SpeculativeRejection, kv_space: int | None) -> int:
-    """The memory schedule's KV budget: the KV space the pool is given x memory_fraction, capped by
+    """The pool's KV space for the memory schedule: the engine's KV space x memory_fraction, capped by
     memory_budget_mb when it is set (`kv_space` None: it could not be read)."""
     budget = math.inf if kv_space is None else kv_space * params.memory_fraction
     if params.memory_budget_mb is not None:
@@ -113,7 +148,8 @@ def schedule_for(params, decoder: Decoder) -> NoDecisions:
         return NoDecisions()
     if params.schedule == "fixed":
         return FixedSchedule(params.every_k_tokens)
-    return MemorySchedule(memory_budget(params, decoder.kv_space()))
+    return MemorySchedule(params.kv_space_candidates(), decoder.kv_bytes_per_token,
+                          memory_budget(params, decoder.kv_space()))
 
 
 def cut_value(values: Sequence[float], alpha: float) -> float:

@@ -16,7 +16,8 @@ import torch
 
 @dataclass
 class Scored:
-    """One response to score, with its prompt."""
+    """One response to score, with its prompt. `logprob`: the target's log-probability of `response_ids` summed as
+    they were sampled, where the engine kept it (the `logprob` reward reads it instead of a forward)."""
 
     group: int  # prompt index within the batch (for cost accounting)
     prompt: list[dict]  # chat messages
@@ -24,6 +25,7 @@ class Scored:
     prompt_ids: list[int]  # the rendered prompt under the target tokenizer
     response_ids: list[int]  # the response tokens under the target tokenizer
     concepts: list[str] | None = None
+    logprob: float | None = None
 
 
 def render(tokenizer, messages: list[dict], add_generation_prompt: bool) -> str:

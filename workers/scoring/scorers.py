@@ -34,10 +34,13 @@ class Rescoring:
 
 
 class LogprobScorer:
-    """Mean token log-probability of the response under the target (temperature 1); -inf for an empty response.
+    """Mean token log-probability of the response under the target (temperature 1); -inf for an empty response
+    (paper 001, section 5.3: s(Y) = ln p(Y|X) / len(Y)).
 
-    Batched under a token budget; the log-probabilities come from `workers.decoding.logprobs` (no full-vocabulary
-    log-softmax)."""
+    An item whose log-probability the engine kept while sampling it (`Scored.logprob`: every candidate pool, on either
+    engine) is scored from it, with no forward and no reward tokens. The others (the methods with a loop of their
+    own, on the hf engine) are scored by a forward of the target, batched under a token budget; the
+    log-probabilities come from `workers.decoding.logprobs` (no full-vocabulary log-softmax)."""
 
     def __init__(self, model, pad_id: int, batch_tokens: int):
         self.model, self.pad_id, self.batch_tokens = model, pad_id, batch_tokens
@@ -45,7 +48,13 @@ class LogprobScorer:
     @torch.inference_mode()
     def __call__(self, items: list[Scored], meter: Meter) -> list[float]:
         out = [float("-inf")] * len(items)
-        todo = [i for i, it in enumerate(items) if it.response_ids]
+        for i, it in enumerate(items):
+            if it.response_ids and it.logprob is not None:
+                out[i] = it.logprob / len(it.response_ids)
+        todo = [i for i, it in enumerate(items) if it.response_ids and it.logprob is None]
+        if todo and self.model is None:
+            raise RuntimeError("the logprob reward: an item without the log-probability its engine kept, and no "
+                               "target loaded to score it (engine vllm)")
         lengths = [len(items[i].prompt_ids) + len(items[i].response_ids) for i in todo]
         for batch in token_budget_batches(lengths, self.batch_tokens):
             idx = [todo[b] for b in batch]
