@@ -17,10 +17,9 @@ This module is imported by the driver before Ray starts, so it must stay light: 
 
 from __future__ import annotations
 
+import importlib
 import json
 import pathlib
-
-from assets import smollm2
 
 ASSETS_DIR: pathlib.Path = pathlib.Path(__file__).resolve().parent
 
@@ -36,12 +35,17 @@ BUILTINS: dict[str, str] = {
     "real-concepts": "real-prompts/concepts.jsonl",  # the 48 concept-sentence prompts alone (id, prompt, concepts)
 }
 
-# built on the node that uses them: name -> its module (ensure, cache_folder, unavailable, status, ROLE)
-BUILT = {smollm2.NAME: smollm2}
+# built on the node that uses them: name -> its module (ensure, cache_folder, unavailable, status, ROLE), imported
+# when first needed (so that `python -m assets.smollm2` runs it once)
+BUILT: dict[str, str] = {"smollm2-135m-instruct": "assets.smollm2"}
 
 
 def _name(spec: str) -> str:
     return spec[len(BUILTIN):] if spec.startswith(BUILTIN) else spec
+
+
+def _built(name: str):
+    return importlib.import_module(BUILT[name])
 
 
 def _unknown(name: str) -> KeyError:
@@ -59,7 +63,7 @@ def catalog() -> list[tuple[str, pathlib.Path, str | None]]:
     """Every asset as `winnow assets` lists it: (name, path on this machine, note): the note is None for a bundled
     asset, else whether it is built here, not built yet, or needs its extra (with the install command)."""
     out: list[tuple[str, pathlib.Path, str | None]] = [(n, p, None) for n, p in list_builtins().items()]
-    out += [(name, module.cache_folder(), module.status()) for name, module in BUILT.items()]
+    out += [(name, _built(name).cache_folder(), _built(name).status()) for name in BUILT]
     return out
 
 
@@ -84,12 +88,12 @@ def builds_on_node(spec: str) -> bool:
 def unavailable(spec: str) -> str | None:
     """Why the asset `spec` names cannot be built on this machine (its extra is missing: the message has the install
     command), or None. Cheap: nothing is built or loaded."""
-    return BUILT[_name(spec)].unavailable() if builds_on_node(spec) else None
+    return _built(_name(spec)).unavailable() if builds_on_node(spec) else None
 
 
 def role(spec: str) -> str | None:
     """What an asset built on the node is (`workers.checkpoints.CAUSAL_LM` or `REWARD`); None for other specs."""
-    return BUILT[_name(spec)].ROLE if builds_on_node(spec) else None
+    return _built(_name(spec)).ROLE if builds_on_node(spec) else None
 
 
 def resolve(spec: str) -> str:
@@ -100,7 +104,7 @@ def resolve(spec: str) -> str:
     if not spec.startswith(BUILTIN):
         return spec
     if builds_on_node(spec):
-        return str(BUILT[_name(spec)].ensure())
+        return str(_built(_name(spec)).ensure())
     return str(builtin_path(spec))
 
 

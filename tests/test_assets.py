@@ -58,6 +58,9 @@ def test_builtin_api():
         builtin_path("builtin:smollm2-135m-instruct")
     assert assets.builds_on_node("builtin:smollm2-135m-instruct") and not assets.builds_on_node("builtin:tiny-target")
     assert not assets.builds_on_node("smollm2-135m-instruct")  # a path, not a builtin name
+    from assets import smollm2
+
+    assert assets.BUILT == {smollm2.NAME: smollm2.__name__}
 
 
 def test_one_resolver_for_builtin_names_applied_before_the_workers(tmp_path):

@@ -204,7 +204,7 @@ def test_two_processes_rebuild_a_damaged_cache_once(built, cache):
     stale.mkdir()
     code = ("import time; from assets import smollm2; t = time.time(); p = smollm2.ensure(); "
             "print(p, smollm2.builds, t, time.time())")
-    env = {**os.environ, "WINNOW_CACHE": str(cache)}
+    env = {**os.environ, "WINNOW_CACHE": str(cache), "OMP_NUM_THREADS": "1"}  # one thread, as in this module
     procs = [subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(2)]
     outs = [p.communicate(timeout=300) for p in procs]
