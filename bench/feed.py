@@ -5,10 +5,10 @@ batch at a time: the batch's rows that finish early leave, and its last rows run
 With the feed the actor takes two batches at once and both feed one decoding loop, so the next batch's prompts take
 the places of the rows that finish. Both sides here run on one loaded Runner, the same batches in the same order:
 
-- **one call at a time**: each batch through the per-call path (its prompts joining one batch as memory frees,
-  `Runner.run` from one thread), one after another, as Ray Data called the actor with one call per actor at a time;
-- **two calls, one loop**: two threads, each taking the next batch and calling `Runner.run`, as Ray Data calls an
-  actor with `max_concurrent_calls_per_actor=2`.
+- **one call at a time** (the default, `resources.feed_calls: false`): each batch through `Runner.run` from one
+  thread, its prompts joining one batch as memory frees, one call after another, as Ray Data calls the actor;
+- **two calls, one loop** (`resources.feed_calls: true`): two threads, each taking the next batch and calling
+  `Runner.run`, as Ray Data calls an actor with `max_concurrent_calls_per_actor=2`.
 
 Figures: generated tokens, the process's CPU seconds (`time.process_time`, every thread), wall seconds, engine
 steps and the mean number of sequences a step decodes, and the ratio feed / one-at-a-time of tokens per CPU-second
@@ -142,7 +142,7 @@ def measure(fn, runner, batches, steps: Steps) -> tuple[dict, list[dict]]:
             "mean_best_reward": sum(r["best_reward"] for r in rows) / len(rows)}, rows
 
 
-def configs(model: str, folders: dict | None, method: dict, ppb: int, new_tokens: int):
+def configs(model: str, folders: dict | None, method: dict, ppb: int, new_tokens: int, feed: bool):
     raw = {
         "name": "bench-feed", "seed": 0,
         "data": {"source": "builtin:demo-prompts", "prompt_column": "prompt", "id_column": "id"},
@@ -152,7 +152,7 @@ def configs(model: str, folders: dict | None, method: dict, ppb: int, new_tokens
         "method": method,
         "generation": {"max_new_tokens": new_tokens, "temperature": 1.0},
         "output": {"path": "runs/bench-feed"},
-        "resources": {"prompts_per_batch": ppb},
+        "resources": {"prompts_per_batch": ppb, "feed_calls": feed},
     }
     return resolved(validate_config(raw))
 
@@ -194,14 +194,16 @@ def main() -> None:
                 folders, vocab = build_checkpoints(Path(tmp), model, shape, draft=False), shape[1]
             for label, method, count, ppb, new_tokens in CASES[model]:
                 undo = mixed_lengths(new_tokens) if model != "tiny" else None
-                runner = Runner(configs(model, folders, method, ppb, new_tokens))
+                alone = Runner(configs(model, folders, method, ppb, new_tokens, feed=False))
+                fed = Runner(configs(model, folders, method, ppb, new_tokens, feed=True), share=alone)
                 items = items_for(model, count, vocab)
                 batches = [items[i: i + ppb] for i in range(0, len(items), ppb)]
-                runner.run(batches[0])  # warm-up: one-off costs (allocator, kernels) not counted
+                alone.run(batches[0])  # warm-up: one-off costs (allocator, kernels) not counted
                 best: dict[str, dict] = {}
                 rows_of: dict[str, list] = {}
                 for _ in range(args.repeats):
-                    for side, fn in (("one call at a time", one_at_a_time), ("two calls, one loop", two_calls)):
+                    for side, fn, runner in (("one call at a time", one_at_a_time, alone),
+                                             ("two calls, one loop", two_calls, fed)):
                         fig, rows = measure(fn, runner, batches, steps)
                         rows_of[side] = comparable(rows)
                         if side not in best or fig["cpu_s"] < best[side]["cpu_s"]:

@@ -53,8 +53,8 @@ class MethodParams(Strict):
         return True
 
     def feeds_across_calls(self) -> bool:
-        """Whether a prompt's tokens are the same whichever prompts share its decoding loop, so that an actor's
-        calls may feed one loop (continuous batching across calls; workers.pool.loop)."""
+        """Whether the method decides for each prompt whatever prompts share its decoding loop, so that an actor's
+        calls may feed one loop (continuous batching across calls, resources.feed_calls; workers.pool.loop)."""
         return self.pool
 
     def sampling(self, generation) -> Sampling:

@@ -142,7 +142,8 @@ def test_two_actor_calls_feed_one_decoding_loop_and_get_the_rows_of_running_alon
     from tests.trio_helpers import config
     from workers.actor.runner import Runner
 
-    cfg = config(method=method, generation={"max_new_tokens": 24}, resources={"prompts_per_batch": 2})
+    cfg = config(method=method, generation={"max_new_tokens": 24}, resources={"prompts_per_batch": 2,
+                                                                              "feed_calls": True})
     items = demo_items(4)
     runner = Runner(cfg)
     alone = runner.run(items[:2]) + runner.run(items[2:])

@@ -54,8 +54,9 @@ RUN_TIMEOUT = 300
 
 
 def fault_config(tmp_path: Path, name: str, max_retries: int) -> Path:
+    # feed_calls: an actor runs two batches at once, so a failure names both
     cfg = job_config(tmp_path, **FAULT_JOB, output={"path": str(tmp_path / name)},
-                     resources={"workers": 1, "prompts_per_batch": 2, "max_retries": max_retries})
+                     resources={"workers": 1, "prompts_per_batch": 2, "max_retries": max_retries, "feed_calls": True})
     return write_config(tmp_path / f"{name}.yaml", cfg)
 
 

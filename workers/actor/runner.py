@@ -96,7 +96,7 @@ class Runner:
         self.devices = config.resources.gpus_per_worker or 1.0  # what an actor's busy time is multiplied by
         self.loop = None
         if self.params.pool:
-            self.loop = Loop(self.open_pool, self.params.feeds_across_calls(), self.engine.serve, self.devices)
+            self.loop = Loop(self.open_pool, config.concurrent_calls > 1, self.engine.serve, self.devices)
         self.lock = threading.Lock()  # the other methods: one call at a time
 
     # -- prompts -------------------------------------------------------------------------------------------------

@@ -43,11 +43,13 @@ def forward(
     group: torch.Tensor,
     meter: Meter,
     keep: int = 1,
+    counted: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One counted forward of `input_ids` [B, T] appended to `cache`; `mask` [B, L] covers cache + new columns.
 
     Returns logits [B, keep, V] of the last `keep` positions (float32). Counts, per group, the real new tokens
-    and one forward call.
+    and one forward call, of the sequences `counted` [B] bool marks (default all): an ended sequence still fed until
+    its batch compacts is nobody's, so a prompt's count depends on its own sequences only.
     """
     t = input_ids.shape[1]
     pos = position_ids(mask)[:, -t:]  # [B, T]
@@ -56,7 +58,11 @@ def forward(
         out = shared_forward(model, cache, **inputs)
     else:
         out = model(past_key_values=cache, **inputs)
-    meter.count_forward(role, group, mask[:, -t:].sum(-1))
+    new = mask[:, -t:].sum(-1)
+    if counted is None:
+        meter.count_forward(role, group, new)
+    else:
+        meter.count_forward(role, group[counted], new[counted])
     return out.logits.float()
 
 

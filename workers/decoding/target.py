@@ -84,7 +84,7 @@ class TargetSampler:
         """Feed every sequence's pending token and sample its next one."""
         batch.mask = torch.cat([batch.mask, batch.mask.new_ones(batch.size, 1)], dim=1)  # [B, L+1]
         logits = forward(self.model, self.role, batch.pending[:, None], batch.mask, batch.cache, batch.group,
-                         self.meter)
+                         self.meter, counted=batch.alive)
         self._sample_into(batch, logits[:, -1])
 
     def _sample_into(self, batch: Batch, logits: torch.Tensor) -> None:
