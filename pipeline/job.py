@@ -37,19 +37,21 @@ from ray.data.checkpoint import CheckpointConfig
 
 from pipeline.faults import INFLIGHT
 from pipeline.preflight import model_problems, resolved, working_dir_problems
-from pipeline.prompts import write_prompts
+from pipeline.prompts import Source, check_source, source_location, write_prompts
 from pipeline.raydata import data_context, short_error
 from runfolder.folder import (
     RunFolder,
     Tally,
     as_first_spelled,
     claim_problems,
+    clean_leftovers,
     exactly_once_problems,
+    nesting_problems,
     pending_checkpoints,
     settle_checkpoints,
     tally,
 )
-from runfolder.manifest import finish_manifest, new_manifest
+from runfolder.manifest import counted, finish_manifest, new_manifest
 from runfolder.parameters import job_parameters
 from schemas.base import InputError
 from schemas.config import JobConfig, validate_config
@@ -58,11 +60,13 @@ from schemas.rows import error_row, rows_to_table
 
 @dataclass
 class Plan:
-    """A checked job: its run folder and whether it starts anew, resumes, or replaces the folder's run."""
+    """A checked job: its run folder, whether it starts anew, resumes, or replaces the folder's run, and its data
+    source as checked before Ray starts (None when the folder's own prompt set is reused)."""
 
     config: JobConfig
     folder: RunFolder
     mode: str  # new | resume | overwrite
+    source: Source | None = None
 
     @property
     def reuses_prompts(self) -> bool:
@@ -79,16 +83,33 @@ class Outcome:
 
 
 def check(config: JobConfig, overwrite: bool, allow_working_dir: bool = False) -> Plan:
-    """Step 1: every problem with the models or the run folder at once (InputError); nothing is written. Under
+    """Step 1, before Ray starts: every problem with the models, the run folder and the data source at once
+    (InputError); nothing is written. The run folder may not sit inside or hold another run folder or the data
+    source. The source is read here as far as the driver can do it cheaply (`pipeline.prompts.check_source`: local
+    files' encoding, lines, footers and columns), unless the folder's own prompt set will be reused. Under
     `ray job submit`, paths inside Ray's copy of the working directory are refused unless `allow_working_dir`."""
     folder = RunFolder(config.output.path)
     config = as_first_spelled(folder, config)  # one folder, one run: `runs/a/` resumes what `runs/a` started
     problems = [] if allow_working_dir else working_dir_problems(config)
     problems += model_problems(config)
     claim, mode = claim_problems(folder, config, overwrite)
+    try:
+        location = source_location(config.data.source)
+    except InputError as err:
+        location, claim = None, claim + err.problems
+    try:
+        claim += nesting_problems(folder, location, config.data.source)
+    except OSError as err:
+        claim.append(f"output.path: {folder.uri}: cannot be read ({err})")
+    source = None
+    if location is not None and not (mode == "resume" and not claim and folder.has_prompts()):
+        try:
+            source = check_source(config)
+        except InputError as err:
+            problems += err.problems
     if problems or claim:
         raise InputError(problems + claim)
-    return Plan(config, folder, mode)
+    return Plan(config, folder, mode, source)
 
 
 @dataclass
@@ -105,7 +126,7 @@ def stage_prompts(plan: Plan) -> StagedPrompts:
     is removed, so nothing is left behind; the run folder itself is not touched."""
     path, url = plan.folder.prompts_staging()
     try:
-        rows = write_prompts(plan.config, url, plan.folder.arrow_fs())
+        rows = write_prompts(plan.config, url, plan.folder.arrow_fs(), source=plan.source)
     except BaseException:
         plan.folder.refresh()
         if plan.folder.fs.exists(path):
@@ -121,11 +142,15 @@ def execute(plan: Plan, staged: StagedPrompts | None, log: Callable[[str], None]
     KeyboardInterrupt or a failed batch ends with status interrupted/failed and the manifest says so; rows written
     so far are kept for the next run."""
     config, folder = plan.config, plan.folder
+    for line in clean_leftovers(folder, keep=staged.path if staged is not None else None):  # under the lease
+        log(f"cleanup: {line}")
     if plan.mode == "overwrite":
         folder.clear()
     manifest = new_manifest(config, prompts=staged.rows if staged is not None else len(folder.read_prompt_ids()),
                             parameters=job_parameters(resolved(config)))  # for the report's compute basis
-    folder.write_manifest(manifest)
+    fresh = plan.mode != "resume"
+    if fresh:  # first, so that the folder is a Winnow run folder before anything else is in it
+        folder.write_manifest(manifest)
     if staged is not None:
         folder.install_prompts(staged.path, staged.rows)
     expected = folder.read_prompt_ids()
@@ -136,6 +161,9 @@ def execute(plan: Plan, staged: StagedPrompts | None, log: Callable[[str], None]
     written = tally(folder)
     before = written.rows
     done = not exactly_once_problems(expected, written.ids) and not pending_checkpoints(folder)
+    if not fresh and not done:  # a resumed run's manifest keeps its last state until the folder has been counted
+        manifest = counted(manifest, config, written)
+        folder.write_manifest(manifest)
     verb = "resuming" if plan.mode == "resume" else "starting"
     log(f"{verb} {config.name!r} in {folder.uri}: {len(expected)} prompts, {before} already written"
         + ("; nothing left to generate" if done else ""))
