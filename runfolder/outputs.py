@@ -103,10 +103,13 @@ def staged_out(uri: str, command: str) -> Iterator[tuple[fsspec.AbstractFileSyst
         try:
             fs.makedirs(tmp, exist_ok=True)
             yield fs, tmp
-            _swap(fs, tmp, path, token)
-        finally:
+        except BaseException:
             if fs.exists(tmp):
                 fs.rm(tmp, recursive=True)
+            raise
+        _swap(fs, tmp, path, token)  # cut short, it leaves what the next writer finishes (`clean_leftovers`)
+        if fs.exists(tmp):
+            fs.rm(tmp, recursive=True)
     finally:
         lease.release()
 
