@@ -37,7 +37,7 @@ from pipeline.raydata import data_context, short_error
 from schemas.base import InputError
 from schemas.config import DataConfig, JobConfig
 from schemas.rows import MESSAGE, prompt_problem
-from stores.filesystems import filesystem
+from stores.filesystems import bucket_message, filesystem, missing_bucket
 
 # Ray Data warns when an operator capped at N tasks at once gets fewer than N blocks (a small source, read as one
 # block): a hint to split the input, which is no use for these cheap operators. Only this module's are silenced.
@@ -116,7 +116,8 @@ def resolve_source(spec: str) -> Source:
                 )
             return Source(spec, FORMATS[ext], [_with_protocol(fs, root)], fs)
         if not fs.isdir(root):
-            raise InputError(f"data.source: {spec}: no such file or folder")
+            bucket = missing_bucket(fs, root)
+            raise InputError(f"data.source: {spec}: {bucket_message(bucket) if bucket else 'no such file or folder'}")
         names = {posixpath.basename(p) for p in fs.ls(root, detail=False)}
         if "dataset_dict.json" in names:
             raise InputError(

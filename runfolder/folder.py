@@ -40,7 +40,7 @@ from schemas.base import InputError
 from schemas.config import JobConfig
 from schemas.manifest import CostTotals, Manifest
 from schemas.rows import COST_FIELDS
-from stores.filesystems import filesystem
+from stores.filesystems import bucket_message, filesystem, missing_bucket
 
 PENDING = ".pending.parquet"
 PROMPTS_DIR = "prompts"  # the normalised prompt set, Parquet files written by Ray tasks
@@ -397,9 +397,11 @@ def claim_problems(folder: RunFolder, config: JobConfig, overwrite: bool) -> tup
 def write_problem(folder: RunFolder) -> str | None:
     """Why a local `folder` cannot be created or written into (a file where a parent folder should be, or no write
     permission on the folder or on its nearest existing parent), or None. Checked from permissions, writing
-    nothing. Object stores are not checked here: their permissions show only when a write is tried."""
+    nothing. Of an object store only the bucket is checked (it must exist): permissions show only when a write is
+    tried."""
     if not folder.local:
-        return None
+        bucket = missing_bucket(folder.fs, folder.path)
+        return f"output.path: {folder.uri}: {bucket_message(bucket)}" if bucket else None
     where = f"output.path: {folder.uri}"
     nearest = folder.path
     while not os.path.lexists(nearest):

@@ -28,6 +28,7 @@ from runfolder.folder import holds_run_folder, refresh, store
 from runfolder.lease import Lease, out_lease_path
 from runfolder.paths import location_key, overlap_problem
 from schemas.base import InputError
+from stores.filesystems import bucket_message, missing_bucket
 
 _HELD: dict[str, Lease] = {}  # --out leases taken by `check_out` in this process, by location_key
 
@@ -43,6 +44,9 @@ def check_out(uri: str, overwrite: bool, inputs: Iterable[str] = (), command: st
     if problems:
         raise InputError(problems)
     fs, path = store(uri, shown)
+    bucket = missing_bucket(fs, path)
+    if bucket is not None:
+        raise InputError(f"{shown}: {bucket_message(bucket)}")
     key = location_key(uri)
     lease = _HELD.pop(key, None)
     if lease is None:
