@@ -38,7 +38,7 @@ from ray.data.checkpoint import CheckpointConfig
 from pipeline.faults import INFLIGHT
 from pipeline.preflight import model_problems, resolved, working_dir_problems
 from pipeline.prompts import Source, check_source, source_location, write_prompts
-from pipeline.raydata import data_context, short_error
+from pipeline.raydata import data_context, own_deprecations, quiet_ray_data, ray_init_options, short_error
 from runfolder.folder import (
     RunFolder,
     Tally,
@@ -225,23 +225,24 @@ def run(config: JobConfig, folder: RunFolder) -> None:
     ):
         fs = folder.arrow_fs()
         ds = ray.data.read_parquet(folder.prompts_url(), filesystem=fs, num_cpus=0)
-        ds = ds.map_batches(
-            GenerateBatch,
-            fn_constructor_kwargs={"config": resolved(config).model_dump(mode="json"), "run_name": config.name,
-                                   "config_hash": config.hash()},
-            batch_size=r.prompts_per_batch,
-            batch_format="pyarrow",
-            compute=actor_pool(config),
-            num_cpus=r.cpus_per_worker,
-            num_gpus=r.gpus_per_worker,
-            # Ray Data restarts dead actors and retries their batches forever by default; an engine that keeps
-            # crashing must fail the job instead. Ray 2.60 has no named parameter for these two: its own docs say
-            # `map_batches(..., max_restarts=0)`, i.e. extra keyword arguments gathered as **ray_remote_args, which
-            # it deprecates for removal in 2.64. pyproject pins ray below that, and the deprecation warning is left
-            # visible rather than filtered.
-            max_restarts=r.max_retries,
-            max_task_retries=r.max_retries,
-        )
+        with own_deprecations():
+            ds = ds.map_batches(
+                GenerateBatch,
+                fn_constructor_kwargs={"config": resolved(config).model_dump(mode="json"), "run_name": config.name,
+                                       "config_hash": config.hash()},
+                batch_size=r.prompts_per_batch,
+                batch_format="pyarrow",
+                compute=actor_pool(config),
+                num_cpus=r.cpus_per_worker,
+                num_gpus=r.gpus_per_worker,
+                # Ray Data restarts dead actors and retries their batches forever by default; an engine that keeps
+                # crashing must fail the job instead. Ray 2.60 has no named parameter for these two: its own docs
+                # say `map_batches(..., max_restarts=0)`, i.e. extra keyword arguments gathered as
+                # **ray_remote_args, which it deprecates for removal in 2.64. pyproject pins ray below that; the
+                # deprecation warning shows with --progress (`pipeline.raydata.own_deprecations`).
+                max_restarts=r.max_retries,
+                max_task_retries=r.max_retries,
+            )
         ds.write_parquet(folder.url("candidates"), filesystem=fs, ray_remote_args={"num_cpus": 0})
 
 
@@ -257,16 +258,20 @@ def actor_pool(config: JobConfig) -> ray.data.ActorPoolStrategy:
 
 def connect() -> str:
     """Join the Ray cluster the job was submitted to (RAY_ADDRESS, or a `ray start` cluster on this machine), else
-    start a local one; returns a line saying which."""
+    start a local one; returns a line saying which (a driver that started its own Ray says so, whatever RAY_ADDRESS
+    says: ``local`` starts one)."""
     if ray.is_initialized():
+        quiet_ray_data()
         return "using the Ray instance already initialised in this process"
     address = os.environ.get("RAY_ADDRESS")
-    ray.init()
+    ray.init(**ray_init_options())
+    quiet_ray_data()
     resources = ray.cluster_resources()
     size = f"{resources.get('CPU', 0):g} CPUs, {resources.get('GPU', 0):g} GPUs"
-    if address:
-        return f"joined the Ray cluster at RAY_ADDRESS={address} ({size})"
-    return f"Ray at {ray.get_runtime_context().gcs_address} ({size})"
+    node = getattr(ray._private.worker, "_global_node", None)
+    if getattr(node, "head", False):  # this process started the head node: a local Ray of its own
+        return f"started a local Ray ({size})"
+    return f"joined the Ray cluster at {address or ray.get_runtime_context().gcs_address} ({size})"
 
 
 class GenerateBatch:
@@ -329,7 +334,8 @@ class GenerateBatch:
 
 
 def summary_table(t: Tally, config: JobConfig, new_rows: int, seconds: float) -> str:
-    """The run folder's totals as a one-row markdown table, and a line saying what this run added."""
+    """The run folder's totals as a one-row markdown table, and lines saying what this run added, what the tokens
+    are, and (for Speculative Rejection) whether any candidate was cut."""
     cost = t.cost_totals(config.cost.usd_per_device_hour)
     reward = t.mean_best_reward()
     tokens = cost.target_tokens + cost.draft_tokens + cost.reward_tokens
@@ -337,7 +343,9 @@ def summary_table(t: Tally, config: JobConfig, new_rows: int, seconds: float) ->
         ("prompts", f"{t.rows}"),
         ("errors", f"{t.errors}"),
         ("mean best reward", "n/a" if reward is None else f"{reward:.4f}"),
-        ("tokens", f"{tokens}"),
+        ("generated tokens", f"{t.generated_tokens}"),
+        ("candidates", f"{t.candidates}"),
+        ("rejected", f"{t.rejected}"),
         ("device-seconds", f"{cost.device_seconds:.1f}"),
         ("USD", f"{cost.usd:.6f}"),
     ]
@@ -346,12 +354,21 @@ def summary_table(t: Tally, config: JobConfig, new_rows: int, seconds: float) ->
     rule = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
     row = "| " + " | ".join(v.rjust(w) for (_, v), w in zip(cells, widths)) + " |"
     notes = (
-        f"{new_rows} row(s) written by this run in {seconds:.0f} s; tokens = target {cost.target_tokens} + "
-        f"draft {cost.draft_tokens} + reward {cost.reward_tokens}; USD at "
+        f"{new_rows} row(s) written by this run in {seconds:.0f} s; generated tokens = stats.generated_tokens summed "
+        f"(every candidate's, rejected ones included); all tokens processed = {tokens} (target {cost.target_tokens}"
+        f" + draft {cost.draft_tokens} + reward {cost.reward_tokens}, prefill and scoring included); USD at "
         f"{config.cost.usd_per_device_hour:g}/device-hour"
         + (f"; {t.rows_without_cost} row(s) have no cost and are left out of these totals"
            if t.rows_without_cost else "")
         + (f"; {t.reward_inputs_truncated} reward input(s) were longer than the reward model's context and were "
            "scored on their last tokens (stats.reward_inputs_truncated)" if t.reward_inputs_truncated else "")
     )
-    return "\n".join([head, rule, row, notes])
+    lines = [head, rule, row, notes]
+    method = config.method
+    if method.name == "speculative_rejection" and t.candidates and not t.rejected:
+        why = ("method.alpha is 0" if method.alpha == 0 else
+               "the memory schedule never reached its budget: lower method.memory_budget_mb, or use schedule: fixed"
+               if method.schedule == "memory" else
+               "no decision token came before the candidates finished: lower method.every_k_tokens")
+        lines.append(f"no candidate was rejected: this run was Best-of-N at Speculative Rejection's price ({why})")
+    return "\n".join(lines)

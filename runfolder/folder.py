@@ -30,6 +30,7 @@ import uuid
 from dataclasses import dataclass, field
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 from pydantic import ValidationError
@@ -443,6 +444,9 @@ class Tally:
     cost: dict = field(default_factory=lambda: {k: 0 for k in COST_FIELDS})
     rows_without_cost: int = 0  # rows whose cost (or a field of it) is null; left out of `cost`
     reward_inputs_truncated: int = 0  # stats.reward_inputs_truncated summed over rows
+    generated_tokens: int = 0  # stats.generated_tokens summed: tokens the candidates generated (not prefill, reward)
+    candidates: int = 0  # candidates started, over rows
+    rejected: int = 0  # candidates whose finish_reason is "rejected" (stopped by a Speculative Rejection cut)
 
     def mean_best_reward(self) -> float | None:
         return sum(self.best_rewards) / len(self.best_rewards) if self.best_rewards else None
@@ -590,12 +594,16 @@ def _damage(fs, checkpoint: str, files: list[str]) -> str | None:
 
 
 def tally(folder: RunFolder) -> Tally:
-    """Count the committed rows of the folder: rows, errors, best rewards, summed cost, reward inputs cut."""
+    """Count the committed rows of the folder: rows, errors, best rewards, summed cost, reward inputs cut, generated
+    tokens, candidates and rejected candidates."""
     t = Tally()
     for path in committed_files(folder):
         try:
             with folder.fs.open(path, "rb") as f:  # file by file: files of older versions may lack newer stats fields
-                table = pq.read_table(f, columns=["prompt_id", "error", "best_reward", "cost", "stats"])
+                parquet = pq.ParquetFile(f)
+                leaves = [parquet.schema.column(i).path for i in range(len(parquet.schema))]
+                reason = [p for p in leaves if p.startswith("candidates.") and p.endswith(".finish_reason")][:1]
+                table = parquet.read(columns=["prompt_id", "error", "best_reward", "cost", "stats", *reason])
         except pa.ArrowException as err:
             raise DamagedFile(path, err) from None
         t.rows += table.num_rows
@@ -612,6 +620,12 @@ def tally(folder: RunFolder) -> Tally:
                 t.cost[k] += c[k]
         for s in table.column("stats").to_pylist():
             t.reward_inputs_truncated += (s or {}).get("reward_inputs_truncated") or 0  # null: no reward model
+            t.generated_tokens += (s or {}).get("generated_tokens") or 0
+        if "candidates" in table.column_names:  # only the finish_reason of each candidate is read, not its text
+            flat = pc.list_flatten(table.column("candidates"))
+            t.candidates += len(flat)
+            if len(flat):
+                t.rejected += pc.sum(pc.equal(pc.struct_field(flat, "finish_reason"), "rejected")).as_py() or 0
     return t
 
 
