@@ -271,7 +271,8 @@ def connect() -> str:
     node = getattr(ray._private.worker, "_global_node", None)
     if getattr(node, "head", False):  # this process started the head node: a local Ray of its own
         return f"started a local Ray ({size})"
-    return f"joined the Ray cluster at {address or ray.get_runtime_context().gcs_address} ({size})"
+    where = f"RAY_ADDRESS={address}" if address else ray.get_runtime_context().gcs_address
+    return f"joined the Ray cluster at {where} ({size})"
 
 
 class GenerateBatch:

@@ -306,3 +306,22 @@ def test_cut_weights_and_hub_ids_are_answered_with_the_fix(tmp_path, capsys, no_
                  "models.draft: HuggingFaceTB/SmolLM2-135M-Instruct is not a folder here; it looks like a Hugging Face "
                  "Hub id", "`hf download HuggingFaceTB/SmolLM2-135M-Instruct --local-dir DIR`",
                  "set models.draft: DIR")
+
+
+@pytest.mark.slow
+def test_a_bad_line_of_a_remote_source_is_one_clear_line_without_ray_tracebacks(s3_endpoint, tmp_path):  # noqa: F811
+    """A remote file is read by Ray (the driver does not download it first); its bad line is still named by file and
+    line, and what Ray and its workers log about the failed read (tracebacks, the reader's fallback) is not shown."""
+    import s3fs
+
+    from conftest import winnow
+
+    s3fs.S3FileSystem().pipe_file("winnow-test/src/p.jsonl", b'{"id": "a", "prompt": "x"}\n{"id": "b", "prompt": ]\n')
+    cfg = write_config(tmp_path / "job.yaml", job_config(tmp_path, data={"source": "s3://winnow-test/src/p.jsonl"}))
+    out = winnow("generate", str(cfg))
+    text = out.stdout + out.stderr
+    assert out.returncode == 2, text[-3000:]
+    assert "data.source: s3://winnow-test/src/p.jsonl: line 2 is not valid JSON (Expecting value, column 23)" in text
+    for noise in ("Traceback", "Exception occurred", "json.load", "ERROR", "File \""):
+        assert noise not in text, text[-3000:]
+    assert not (tmp_path / "run").exists()

@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from conftest import ROOT, job_config, write_jsonl
+from conftest_runs import s3_endpoint  # noqa: F401 (fixture)
 
 from pipeline.prompts import (
     INPUT_SCHEMA,
@@ -487,3 +488,30 @@ def test_files_that_type_the_id_column_apart_and_csv_ids_mixing_numbers_and_name
     csv = tmp_path / "p.csv"
     csv.write_text("id,prompt\n" + "".join(f"{i},prompt {i}\n" for i in range(5)) + "x9,prompt x\n")
     assert _ids(load_prompts(config_for(tmp_path, csv))) == ["0", "1", "2", "3", "4", "x9"]
+
+
+LOAD_IDS = """
+import json, sys
+import ray
+from pipeline.prompts import load_prompts
+from schemas.config import validate_config
+ray.init(num_cpus=2, include_dashboard=False)
+print(json.dumps(load_prompts(validate_config(json.loads(sys.argv[1]))).column("prompt_id").to_pylist()))
+"""
+
+
+@pytest.mark.slow
+def test_a_remote_jsonl_mixing_id_types_is_read_again_line_by_line(s3_endpoint, tmp_path):  # noqa: F811
+    """A remote source is not read by the driver before Ray: pyarrow's reader refuses it while Ray reads it, and
+    the driver then finds every line good JSON and reads it line by line. (A Ray of its own, started where the
+    moto server's address is in the environment, so that its workers reach it.)"""
+    import os
+
+    import s3fs
+
+    s3fs.S3FileSystem().pipe_file("winnow-test/mixed.jsonl", "".join(json.dumps(r) + "\n" for r in MIXED).encode())
+    cfg = job_config(tmp_path, data={"source": "s3://winnow-test/mixed.jsonl", "limit": None})
+    out = subprocess.run([sys.executable, "-c", LOAD_IDS, json.dumps(cfg)], cwd=ROOT, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.splitlines()[-1]) == ["1", "b", "3", "1#dup1", "<no id>", "<no id>#dup1", "7"]
