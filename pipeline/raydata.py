@@ -18,8 +18,6 @@ import os
 import re
 import warnings
 
-import ray.data
-
 PROGRESS = {"on": False}  # whether Ray Data's progress and INFO lines are shown (winnow generate --progress)
 # For the workers of a local Ray: no progress bars (transformers' weight loading, tqdm), and Ray Data's own
 # warnings off (e.g. its reader's "falling back to json.load" before a bad line the command names itself)
@@ -52,6 +50,8 @@ def quiet_ray_data() -> None:
     """Apply the chosen output to Ray Data in this process (idempotent; Ray Data may have set up its logging again)."""
     if PROGRESS["on"]:
         return
+    import ray.data
+
     ray.data.DataContext.get_current().enable_progress_bars = False
     for handler in logging.getLogger("ray.data").handlers:
         if handler.name == "console":
@@ -76,6 +76,8 @@ def own_deprecations():
 def data_context(preserve_order: bool | None = None, **changes):
     """Set DataContext attributes (and `execution_options.preserve_order`) for the block, then restore them; Ray
     Data's output follows `set_progress`."""
+    import ray.data
+
     quiet_ray_data()
     ctx = ray.data.DataContext.get_current()
     old = {name: getattr(ctx, name) for name in changes}

@@ -225,14 +225,15 @@ def is_run_folder(fs, path: str) -> bool:
     return True
 
 
-def holds_run_folder(fs, path: str, below_only: bool = False) -> str | None:
-    """The first Winnow run folder at or under `path` (strictly under it with `below_only`), or None."""
+def holds_run_folder(fs, path: str, below_only: bool = False, maxdepth: int | None = None) -> str | None:
+    """The first Winnow run folder at or under `path` (strictly under it with `below_only`; searched `maxdepth`
+    levels down, all of it when None), or None."""
     refresh(fs, path)
     if not fs.isdir(path):
         return None
     if not below_only and is_run_folder(fs, path):
         return fs.unstrip_protocol(path) if not _is_local_fs(fs) else path
-    found = sorted(p for p in fs.find(path) if posixpath.basename(p) == "manifest.json")
+    found = sorted(p for p in fs.find(path, maxdepth=maxdepth) if posixpath.basename(p) == "manifest.json")
     for manifest in found:
         inner = posixpath.dirname(manifest)
         if inner.rstrip("/") != path.rstrip("/") and is_run_folder(fs, inner):
@@ -268,7 +269,10 @@ def nesting_problems(folder: RunFolder, source: str | None = None, source_shown:
     if outer is not None:
         problems.append(f"{where} is inside the run folder {outer}; a run folder inside another breaks that run's "
                         "resume: choose a path outside it")
-    inner = holds_run_folder(folder.fs, folder.path, below_only=True)
+    # a run folder's own files are searched whole; any other folder (refused anyway when it is not empty, and
+    # perhaps as large as a home directory) four levels down
+    depth = None if is_run_folder(folder.fs, folder.path) else 4
+    inner = holds_run_folder(folder.fs, folder.path, below_only=True, maxdepth=depth)
     if inner is not None:
         problems.append(f"{where} holds the run folder {inner}; run folders are never nested: choose another path")
     if source is not None:
@@ -548,10 +552,18 @@ def settle_checkpoints(folder: RunFolder) -> list[str]:
             names.discard(name)
             lines.append(f"_checkpoint/{twin} is committed but its pending copy {name} was left behind (a commit "
                          "cut between its copy and its delete); removed the stale pending file, kept the data file")
-    data_files = sorted(fs.find(data)) if fs.isdir(data) else []
+    by_base: dict[str, list[str]] = {}  # data files by the checkpoint base they belong to (`_is_data_file_of`)
+    for p in sorted(fs.find(data)) if fs.isdir(data) else []:
+        name = posixpath.basename(p)
+        stem = name[: -len(".parquet")] if name.endswith(".parquet") else None
+        if stem is not None:
+            by_base.setdefault(stem, []).append(p)
+            head, _, tail = stem.rpartition("-")
+            if head and tail.isdigit():
+                by_base.setdefault(head, []).append(p)
     for name in sorted(n for n in names if n.endswith(".parquet") and not n.endswith(PENDING)):
         base = name[: -len(".parquet")]
-        own = [p for p in data_files if _is_data_file_of(posixpath.basename(p), base)]
+        own = [p for p in by_base.get(base, []) if _is_data_file_of(posixpath.basename(p), base)]
         if not own:
             fs.makedirs(folder.join(ORPHANS), exist_ok=True)
             fs.mv(posixpath.join(ckpt, name), folder.join(ORPHANS, name))
