@@ -42,7 +42,8 @@ from stores.filesystems import bucket_message, filesystem, missing_bucket
 # Ray Data warns when an operator capped at N tasks at once gets fewer than N blocks (a small source, read as one
 # block): a hint to split the input, which is no use for these cheap operators. Only this module's are silenced.
 warnings.filterwarnings(
-    "ignore", message=r"The maximum number of concurrent tasks for '[^']*(normalise_batch|_apply_fix_refs|json_file_rows)",
+    "ignore",
+    message=r"The maximum number of concurrent tasks for '[^']*(normalise_batch|_apply_fix_refs|json_file_rows)",
     category=UserWarning,
 )
 
@@ -166,16 +167,20 @@ class FileCheck:
     columns: tuple[str, ...] = ()
 
 
-def check_file(source: Source, path: str) -> FileCheck:
+def check_file(source: Source, path: str, whole: bool = False) -> FileCheck:
     """Read one file of `source` on the driver, memory-flat: for JSON the encoding and every line (pyarrow's reader
-    first; on its error, line by line for the line at fault), for Parquet the footer. CSV and datasets folders are
-    not read here. An OSError of the store itself propagates."""
+    first; on its error, line by line for the line at fault), for Parquet the footer (and with `whole`, after a
+    read failed, every row group). CSV and datasets folders are not read here. An OSError of the store itself
+    propagates."""
     import pyarrow.parquet as pq
 
     if source.kind == "parquet":
         try:
             with source.fs.open(path, "rb") as f:
-                return FileCheck(schema=pq.ParquetFile(f).schema_arrow)
+                parquet = pq.ParquetFile(f)
+                for i in range(parquet.num_row_groups if whole else 0):
+                    parquet.read_row_group(i)
+                return FileCheck(schema=parquet.schema_arrow)
         except (pa.ArrowException, ValueError, EOFError) as err:
             return FileCheck(f"not a readable parquet file ({type(err).__name__}: {str(err).splitlines()[0]})")
     if source.kind == "json":
@@ -286,6 +291,7 @@ def _scan_json_lines(fs, path: str, arrow_error: str) -> FileCheck:
 
 
 def _check_json_document(fs, path: str) -> FileCheck:
+    """A file that is one JSON document: an array of objects (read whole, as Ray's reader reads it)."""
     with fs.open(path, "rb") as f:
         text = f.read().decode("utf-8")
     try:
@@ -304,10 +310,10 @@ def _check_json_document(fs, path: str) -> FileCheck:
 
 
 def first_bad_file(source: Source) -> str | None:
-    """Which file of `source` cannot be read, and where (`check_file`): ``PATH: problem``, or None when every file
-    reads (CSV and datasets folders are not checked here)."""
+    """Which file of `source` cannot be read, and where (`check_file`, Parquet files whole): ``PATH: problem``, or
+    None when every file reads (CSV and datasets folders are not checked here)."""
     for path in source.paths:
-        problem = check_file(source, path).problem
+        problem = check_file(source, path, whole=True).problem
         if problem:
             return f"{path}: {problem}"
     return None
@@ -456,7 +462,7 @@ def json_file_rows(batch: pa.Table, data: DataConfig, concepts_column: str | Non
         if text.lstrip().startswith("["):
             rows = iter(json.loads(text))
         else:
-            rows = (json.loads(line) for line in text.splitlines() if line.strip())
+            rows = (json.loads(line) for line in text.split("\n") if line.strip())  # not splitlines: U+2028 is text
         out = []
         for row in rows:
             out.append(_python_row(row, data, concepts_column))
@@ -641,7 +647,8 @@ def normalised_dataset(config: JobConfig, source: Source):
     `INPUT_SCHEMA` rows (``source_row`` still -1), one per source row, in source order when it runs under
     ``data_context(**READ_CONTEXT)``. Raises InputError for a missing column or a source without rows, or for a
     file the reader cannot parse when that shows while reading the schema (else it shows when the dataset runs:
-    catch READ_ERRORS there and raise `unreadable`)."""
+    `_read_whole` sorts it out). A JSON source that pyarrow's reader refuses here is read line by line
+    (`python_reader_instead`) when its lines are good JSON."""
     import ray.data
 
     if source.kind == "json" and source.reader == "python":
@@ -657,7 +664,7 @@ def normalised_dataset(config: JobConfig, source: Source):
     try:
         ds = read_source(source, config.data.id_column)  # Parquet footers are read here, on the driver
         schema = ds.schema(fetch_if_missing=True)
-    except Exception as err:  # noqa: BLE001 - the reader's own error (ArrowInvalid, ...), re-raised by Ray, is bad input
+    except Exception as err:  # noqa: BLE001 - the reader's own error (ArrowInvalid, ...) re-raised by Ray: bad input
         cause = read_error(err)
         if cause is None:
             raise
@@ -687,18 +694,22 @@ def _read_whole(config: JobConfig, source: Source, run):
     """`run(normalised_dataset(config, source))` (a materialize or a gather), and the source it read. A JSON source
     that pyarrow's reader refuses while running is read again line by line when its lines are good JSON
     (`python_reader_instead`); any other reader error is an InputError naming the file and line (`unreadable`)."""
-    for attempt in range(2):
-        try:
-            return run(normalised_dataset(config, source)), source
-        except Exception as err:  # noqa: BLE001 - sorted below: the reader's errors are bad input, others propagate
-            cause = read_error(err)
-            if cause is None:
-                raise
-            if attempt == 0 and source.kind == "json" and source.reader != "python":
-                source = python_reader_instead(source, cause)
-                continue
+    try:
+        return run(normalised_dataset(config, source)), source
+    except Exception as err:  # noqa: BLE001 - sorted below: the reader's errors are bad input, others propagate
+        cause = read_error(err)
+        if cause is None:
+            raise
+        if source.kind != "json" or source.reader == "python":
             raise unreadable(source, cause) from None
-    raise AssertionError("unreachable")
+        source = python_reader_instead(source, cause)
+    try:
+        return run(normalised_dataset(config, source)), source
+    except Exception as err:  # noqa: BLE001 - as above
+        cause = read_error(err)
+        if cause is None:
+            raise
+        raise unreadable(source, cause) from None
 
 
 def read_error(err: BaseException) -> BaseException | None:
@@ -782,8 +793,9 @@ def write_prompts(config: JobConfig, dest: str, filesystem=None, *, source: Sour
     disk) and moved between Ray tasks, so the driver's memory does not grow with the prompt set.
 
     `dest` is a folder as Ray Data takes it (a local absolute path or a URL); `filesystem` a pyarrow filesystem for
-    it, or None for a local path; `source` the `check_source` of the config when the caller has it. `chunk_rows` (at least this many rows per chunk of consecutive blocks, and so per
-    written file; by default `CHUNK_ROWS`, more with many partitions) and `partitions` (hash partitions for finding
+    it, or None for a local path; `source` the config's `check_source` when the caller has it. `chunk_rows` (at
+    least this many rows per chunk of consecutive blocks, and so per written file; by default `CHUNK_ROWS`, more
+    with many partitions) and `partitions` (hash partitions for finding
     duplicates; by default one per million rows, at least one per CPU) are for tests and tuning. Apart from Ray
     Data's read tasks (as in `load_prompts`), every task asks for no CPU, so none waits behind actors holding every
     CPU of a small cluster, and at most one per CPU of the cluster runs at a time.

@@ -120,21 +120,25 @@ def unknown_key_message(model: type[BaseModel], loc: tuple) -> str | None:
         current = _models_in(info.annotation)
     if len(current) != 1:
         return None
-    close = difflib.get_close_matches(str(key), list(current[0].model_fields), n=3, cutoff=0.6)
-    if close:
-        return "unknown key; did you mean " + " or ".join(repr(c) for c in close) + "?"
-    if tag is None:
-        return None
-    disc = _tag_of(current[0], tag)
-    holders = [t for m in variants if str(key) in m.model_fields
+    disc = _tag_of(current[0], tag) if tag is not None else None
+    holders = [t for m in variants if disc and str(key) in m.model_fields
                for t in typing.get_args(m.model_fields[disc].annotation)]
-    if not holders:
-        return None
     what = f"{section} {disc}" if disc != "name" else section
-    names = " and ".join(repr(t) for t in holders)
+    if not holders:  # spelled as no variant spells it: perhaps misspelt
+        close = difflib.get_close_matches(str(key), list(current[0].model_fields), n=3, cutoff=0.6)
+        if close:
+            return "unknown key; did you mean " + " or ".join(repr(c) for c in close) + "?"
+        others = {f: t for m in variants for t in typing.get_args(m.model_fields[disc].annotation)
+                  for f in m.model_fields if f != disc} if disc else {}
+        close = difflib.get_close_matches(str(key), list(others), n=1, cutoff=0.6)
+        if close:
+            return f"unknown key; did you mean {close[0]!r} (a field of {what} {others[close[0]]!r})?"
+        return None
+    names = ", ".join(repr(t) for t in holders[:-1]) + (" and " if holders[1:] else "") + repr(holders[-1])
     use = holders[0] if len(holders) == 1 else "one of them"
-    return (f"{key!r} is a field of {what}{'s' if len(holders) > 1 else ''} {names}, not {tag!r} (set {_loc(tuple(parents))}.{disc}: "
-            f"{use} to use it, or remove the key)")
+    plural = "s" if len(holders) > 1 else ""
+    return (f"{key!r} is a field of {what}{plural} {names}, not {tag!r} (set {_loc(tuple(parents))}.{disc}: {use} to "
+            "use it, or remove the key)")
 
 
 class InputError(Exception):

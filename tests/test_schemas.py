@@ -62,6 +62,11 @@ def test_unknown_keys_get_close_spellings_and_keys_of_other_variants_name_their_
     assert lexical == ["models.reward.batch_tokens: 'batch_tokens' is a field of reward kinds 'model' and 'logprob', "
                        "not 'lexical' (set models.reward.kind: one of them to use it, or remove the key)"]
     assert problems({**GOOD, "method": {"name": "best_of"}})[0].endswith("(did you mean 'best_of_n'?)")
+    # a key of another variant wins over a near spelling in this one; a near spelling of another variant's key
+    assert problems({**GOOD, "method": {"name": "nucleus", "top_k": 3, "alph": 0.5}}) == [
+        "method.top_k: 'top_k' is a field of methods 'cdlh', 'cdlh_appx' and 'cdsl', not 'nucleus' (set method.name: "
+        "one of them to use it, or remove the key)",
+        "method.alph: unknown key; did you mean 'alpha' (a field of method 'speculative_rejection')?"]
     # nothing close and no variant has it: the plain message
     assert problems({**GOOD, "zzz": 1}) == ["zzz: unknown key (not a field of this section; check its spelling)"]
 
