@@ -515,3 +515,16 @@ def test_a_remote_jsonl_mixing_id_types_is_read_again_line_by_line(s3_endpoint, 
                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert json.loads(out.stdout.splitlines()[-1]) == ["1", "b", "3", "1#dup1", "<no id>", "<no id>#dup1", "7"]
+
+
+def test_the_driver_reads_lines_longer_than_its_reading_blocks(tmp_path):
+    from pipeline.prompts import check_source
+
+    long = "word " * 60_000  # a 300 KB prompt: longer than the first blocks the driver's check reads
+    src = write_jsonl(tmp_path / "long.jsonl", [{"id": "a", "prompt": long}, {"id": "b", "prompt": "short"}])
+    source = check_source(config_for(tmp_path, src))
+    assert source.reader == "arrow" and source.columns is None
+    src.write_text(src.read_text() + '{"id": "c", "prompt": }\n')
+    with pytest.raises(InputError) as err:
+        check_source(config_for(tmp_path, src))
+    assert err.value.problems == [f"data.source: {src}: line 3 is not valid JSON (Expecting value, column 23)"]
