@@ -1,13 +1,18 @@
 """A generate job from a validated config to a checked run folder: what `winnow generate` wires together.
 
-1. `check`: the model folders and the run folder (a folder holding another config's run is refused). Nothing is
-   written; every problem raises `schemas.base.InputError` (exit 2).
+1. `check`, before Ray starts: the model folders, the run folder (a folder holding another config's run is refused,
+   and so is one inside or around another run folder or the data source) and the data source as far as the driver
+   reads it cheaply (`pipeline.prompts.check_source`). Nothing is written; every problem raises
+   `schemas.base.InputError` (exit 2).
 2. `connect` to Ray, then `stage_prompts` unless a resumed folder already holds its prompt set: Ray tasks read,
    normalise and write it beside the run folder (`pipeline.prompts.write_prompts`); a bad source exits 2 and the
    staged files are removed. The run folder is still untouched.
-3. `execute`: write manifest.json (status running), move the prompt set into ``prompts/``, finish the checkpoint
-   commits an earlier run left half done (`runfolder.folder.settle_checkpoints`), `run` the Ray Data pipeline, then
-   count what was written, check that every prompt is there exactly once and rewrite the manifest (succeeded or failed).
+3. `execute`, under the folder's lease: remove what killed runs left (`runfolder.folder.clean_leftovers`), write
+   manifest.json (status running) first into a new folder, move the prompt set into ``prompts/``, settle the
+   checkpoint commits an earlier run left half done and move damaged data files aside
+   (`runfolder.folder.settle_checkpoints`), count what is there (a resumed folder's manifest is rewritten only now,
+   as running with those rows, and not at all when nothing is left to do), `run` the Ray Data pipeline, then count
+   what was written, check that every prompt is there exactly once and rewrite the manifest (succeeded or failed).
 
 The pipeline (`run`) is
 

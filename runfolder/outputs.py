@@ -57,12 +57,13 @@ def check_out(uri: str, overwrite: bool, inputs: Iterable[str] = (), command: st
         refresh(fs, path)
         if fs.isfile(path):
             raise InputError(f"{uri}: --out exists and is a file, not a folder")
-        run = holds_run_folder(fs, path)
-        if run is not None:
-            raise InputError(f"{shown} holds a Winnow run folder ({run}); refusing to replace it even with "
-                             "--overwrite; choose another output folder")
-        if fs.isdir(path) and fs.find(path) and not overwrite:
-            raise InputError(f"{uri}: --out exists and is not empty; pass --overwrite to replace it")
+        if fs.isdir(path) and fs.find(path):
+            if not overwrite:
+                raise InputError(f"{uri}: --out exists and is not empty; pass --overwrite to replace it")
+            run = holds_run_folder(fs, path)
+            if run is not None:
+                raise InputError(f"{shown} holds a Winnow run folder ({run}); refusing to replace it even with "
+                                 "--overwrite; choose another output folder")
     except BaseException:
         lease.release()
         raise
