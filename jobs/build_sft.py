@@ -9,7 +9,7 @@ import argparse
 import sys
 
 from jobs.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_RUNTIME, parse_args
-from runfolder.outputs import check_out
+from runfolder.outputs import check_out, release_out
 from runfolder.runs import load_runs
 from schemas.base import InputError
 from sftdata.select import DROP_REASONS, Selection, parse_select, select
@@ -36,6 +36,13 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    finally:
+        release_out()  # the --out lease check_out took
+
+
+def _main(argv: list[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)  # recorded in the dataset card
     args = parse_args(_parser(), argv)
     if isinstance(args, int):
@@ -45,8 +52,9 @@ def main(argv: list[str] | None = None) -> int:
         k = parse_select(args.select)
     except InputError as err:
         problems += err.problems
-    try:
-        check_out(args.out, args.overwrite)
+    try:  # the lease on --out first, then what it holds; never one of the runs read
+        for note in check_out(args.out, args.overwrite, args.runs, "winnow build-sft"):
+            print(f"winnow build-sft: {note}")
     except InputError as err:
         problems += err.problems
     try:

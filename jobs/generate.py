@@ -1,4 +1,5 @@
-"""`winnow generate CONFIG [--set a.b=v]... [--overwrite]`: run a generation job on Ray; resumes by default.
+"""`winnow generate CONFIG [--set a.b=v]... [--overwrite] [--progress]`: run a generation job on Ray; resumes by
+default; quiet unless --progress (`pipeline.raydata`).
 
 The same entry point runs on a laptop (it starts a local Ray) and on a cluster
 (`ray job submit --working-dir . -- python -m jobs.generate CONFIG`, which joins the cluster). The steps are
@@ -23,6 +24,9 @@ def main(argv: list[str] | None = None) -> int:
     p = config_args.parser(PROG, "Run a generation job on Ray (resumes an interrupted run of the same config).")
     p.add_argument("--overwrite", action="store_true",
                    help="clear output.path first when it holds a Winnow run (of any config)")
+    p.add_argument("--progress", action="store_true",
+                   help="show Ray Data's progress and Ray's INFO lines, the model-loading bars of the workers and "
+                        "the deprecation warnings of the pipeline's Ray calls (quiet by default)")
     p.add_argument("--allow-working-dir-paths", action="store_true",
                    help="under `ray job submit`, accept an output.path or data.source inside Ray's copy of the "
                         "job's working directory (refused by default: Ray deletes it)")
@@ -48,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         if lease.taken_over is not None:
             print(f"{PROG}: {plan.folder.uri} was held by a run that did not end cleanly "
                   f"({lease.taken_over.describe()}); taking it over", flush=True)
-        return _run(plan)
+        return _run(plan, args.progress)
     except KeyboardInterrupt:  # before the run started (`execute` handles its own): nothing was written
         print(f"{PROG}: interrupted before the run started", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -67,11 +71,11 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
-def _run(plan) -> int:
+def _run(plan, progress: bool = False) -> int:
     from pipeline import job
+    from pipeline.raydata import set_progress, short_error
 
-    from pipeline.raydata import short_error
-
+    set_progress(progress)
     try:
         print(f"{PROG}: {job.connect()}", flush=True)
     except (ConnectionError, RuntimeError, ValueError) as err:  # RAY_ADDRESS points nowhere, Ray cannot start

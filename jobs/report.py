@@ -16,7 +16,7 @@ import assets
 from jobs.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_RUNTIME, parse_args
 from reporting.cost import BASES, COMPUTE
 from reporting.render import order_runs, terminal_summary, write_report
-from runfolder.outputs import check_out
+from runfolder.outputs import check_out, release_out
 from runfolder.runs import folder_key, load_run, load_runs
 from schemas.base import InputError
 
@@ -43,12 +43,21 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    finally:
+        release_out()  # the --out lease check_out took
+
+
+def _main(argv: list[str] | None) -> int:
     args = parse_args(_parser(), argv)
     if isinstance(args, int):
         return args
     problems: list[str] = []
-    try:
-        check_out(args.out, args.overwrite)
+    try:  # the lease on --out first, then what it holds; never one of the runs read
+        for note in check_out(args.out, args.overwrite, [*args.runs, *([args.baseline] if args.baseline else [])],
+                              "winnow report"):
+            print(f"winnow report: {note}")
     except InputError as err:
         problems += err.problems
     runs, baseline = [], None

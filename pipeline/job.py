@@ -1,13 +1,18 @@
 """A generate job from a validated config to a checked run folder: what `winnow generate` wires together.
 
-1. `check`: the model folders and the run folder (a folder holding another config's run is refused). Nothing is
-   written; every problem raises `schemas.base.InputError` (exit 2).
+1. `check`, before Ray starts: the model folders, the run folder (a folder holding another config's run is refused,
+   and so is one inside or around another run folder or the data source) and the data source as far as the driver
+   reads it cheaply (`pipeline.prompts.check_source`). Nothing is written; every problem raises
+   `schemas.base.InputError` (exit 2).
 2. `connect` to Ray, then `stage_prompts` unless a resumed folder already holds its prompt set: Ray tasks read,
    normalise and write it beside the run folder (`pipeline.prompts.write_prompts`); a bad source exits 2 and the
    staged files are removed. The run folder is still untouched.
-3. `execute`: write manifest.json (status running), move the prompt set into ``prompts/``, finish the checkpoint
-   commits an earlier run left half done (`runfolder.folder.settle_checkpoints`), `run` the Ray Data pipeline, then
-   count what was written, check that every prompt is there exactly once and rewrite the manifest (succeeded or failed).
+3. `execute`, under the folder's lease: remove what killed runs left (`runfolder.folder.clean_leftovers`), write
+   manifest.json (status running) first into a new folder, move the prompt set into ``prompts/``, settle the
+   checkpoint commits an earlier run left half done and move damaged data files aside
+   (`runfolder.folder.settle_checkpoints`), count what is there (a resumed folder's manifest is rewritten only now,
+   as running with those rows, and not at all when nothing is left to do), `run` the Ray Data pipeline, then count
+   what was written, check that every prompt is there exactly once and rewrite the manifest (succeeded or failed).
 
 The pipeline (`run`) is
 
@@ -37,19 +42,21 @@ from ray.data.checkpoint import CheckpointConfig
 
 from pipeline.faults import INFLIGHT
 from pipeline.preflight import model_problems, resolved, working_dir_problems
-from pipeline.prompts import write_prompts
-from pipeline.raydata import data_context, short_error
+from pipeline.prompts import Source, check_source, source_location, write_prompts
+from pipeline.raydata import data_context, own_deprecations, quiet_ray_data, ray_init_options, short_error
 from runfolder.folder import (
     RunFolder,
     Tally,
     as_first_spelled,
     claim_problems,
+    clean_leftovers,
     exactly_once_problems,
+    nesting_problems,
     pending_checkpoints,
     settle_checkpoints,
     tally,
 )
-from runfolder.manifest import finish_manifest, new_manifest
+from runfolder.manifest import counted, finish_manifest, new_manifest
 from runfolder.parameters import job_parameters
 from schemas.base import InputError
 from schemas.config import JobConfig, validate_config
@@ -58,11 +65,13 @@ from schemas.rows import error_row, rows_to_table
 
 @dataclass
 class Plan:
-    """A checked job: its run folder and whether it starts anew, resumes, or replaces the folder's run."""
+    """A checked job: its run folder, whether it starts anew, resumes, or replaces the folder's run, and its data
+    source as checked before Ray starts (None when the folder's own prompt set is reused)."""
 
     config: JobConfig
     folder: RunFolder
     mode: str  # new | resume | overwrite
+    source: Source | None = None
 
     @property
     def reuses_prompts(self) -> bool:
@@ -79,16 +88,33 @@ class Outcome:
 
 
 def check(config: JobConfig, overwrite: bool, allow_working_dir: bool = False) -> Plan:
-    """Step 1: every problem with the models or the run folder at once (InputError); nothing is written. Under
+    """Step 1, before Ray starts: every problem with the models, the run folder and the data source at once
+    (InputError); nothing is written. The run folder may not sit inside or hold another run folder or the data
+    source. The source is read here as far as the driver can do it cheaply (`pipeline.prompts.check_source`: local
+    files' encoding, lines, footers and columns), unless the folder's own prompt set will be reused. Under
     `ray job submit`, paths inside Ray's copy of the working directory are refused unless `allow_working_dir`."""
     folder = RunFolder(config.output.path)
     config = as_first_spelled(folder, config)  # one folder, one run: `runs/a/` resumes what `runs/a` started
     problems = [] if allow_working_dir else working_dir_problems(config)
     problems += model_problems(config)
     claim, mode = claim_problems(folder, config, overwrite)
+    try:
+        location = source_location(config.data.source)
+    except InputError as err:
+        location, claim = None, claim + err.problems
+    try:
+        claim += nesting_problems(folder, location, config.data.source)
+    except OSError as err:
+        claim.append(f"output.path: {folder.uri}: cannot be read ({err})")
+    source = None
+    if location is not None and not (mode == "resume" and not claim and folder.has_prompts()):
+        try:
+            source = check_source(config)
+        except InputError as err:
+            problems += err.problems
     if problems or claim:
         raise InputError(problems + claim)
-    return Plan(config, folder, mode)
+    return Plan(config, folder, mode, source)
 
 
 @dataclass
@@ -105,7 +131,7 @@ def stage_prompts(plan: Plan) -> StagedPrompts:
     is removed, so nothing is left behind; the run folder itself is not touched."""
     path, url = plan.folder.prompts_staging()
     try:
-        rows = write_prompts(plan.config, url, plan.folder.arrow_fs())
+        rows = write_prompts(plan.config, url, plan.folder.arrow_fs(), source=plan.source)
     except BaseException:
         plan.folder.refresh()
         if plan.folder.fs.exists(path):
@@ -121,11 +147,15 @@ def execute(plan: Plan, staged: StagedPrompts | None, log: Callable[[str], None]
     KeyboardInterrupt or a failed batch ends with status interrupted/failed and the manifest says so; rows written
     so far are kept for the next run."""
     config, folder = plan.config, plan.folder
+    for line in clean_leftovers(folder, keep=staged.path if staged is not None else None):  # under the lease
+        log(f"cleanup: {line}")
     if plan.mode == "overwrite":
         folder.clear()
     manifest = new_manifest(config, prompts=staged.rows if staged is not None else len(folder.read_prompt_ids()),
                             parameters=job_parameters(resolved(config)))  # for the report's compute basis
-    folder.write_manifest(manifest)
+    fresh = plan.mode != "resume"
+    if fresh:  # first, so that the folder is a Winnow run folder before anything else is in it
+        folder.write_manifest(manifest)
     if staged is not None:
         folder.install_prompts(staged.path, staged.rows)
     expected = folder.read_prompt_ids()
@@ -136,6 +166,9 @@ def execute(plan: Plan, staged: StagedPrompts | None, log: Callable[[str], None]
     written = tally(folder)
     before = written.rows
     done = not exactly_once_problems(expected, written.ids) and not pending_checkpoints(folder)
+    if not fresh and not done:  # a resumed run's manifest keeps its last state until the folder has been counted
+        manifest = counted(manifest, config, written)
+        folder.write_manifest(manifest)
     verb = "resuming" if plan.mode == "resume" else "starting"
     log(f"{verb} {config.name!r} in {folder.uri}: {len(expected)} prompts, {before} already written"
         + ("; nothing left to generate" if done else ""))
@@ -197,23 +230,24 @@ def run(config: JobConfig, folder: RunFolder) -> None:
     ):
         fs = folder.arrow_fs()
         ds = ray.data.read_parquet(folder.prompts_url(), filesystem=fs, num_cpus=0)
-        ds = ds.map_batches(
-            GenerateBatch,
-            fn_constructor_kwargs={"config": resolved(config).model_dump(mode="json"), "run_name": config.name,
-                                   "config_hash": config.hash()},
-            batch_size=r.prompts_per_batch,
-            batch_format="pyarrow",
-            compute=actor_pool(config),
-            num_cpus=r.cpus_per_worker,
-            num_gpus=r.gpus_per_worker,
-            # Ray Data restarts dead actors and retries their batches forever by default; an engine that keeps
-            # crashing must fail the job instead. Ray 2.60 has no named parameter for these two: its own docs say
-            # `map_batches(..., max_restarts=0)`, i.e. extra keyword arguments gathered as **ray_remote_args, which
-            # it deprecates for removal in 2.64. pyproject pins ray below that, and the deprecation warning is left
-            # visible rather than filtered.
-            max_restarts=r.max_retries,
-            max_task_retries=r.max_retries,
-        )
+        with own_deprecations():
+            ds = ds.map_batches(
+                GenerateBatch,
+                fn_constructor_kwargs={"config": resolved(config).model_dump(mode="json"), "run_name": config.name,
+                                       "config_hash": config.hash()},
+                batch_size=r.prompts_per_batch,
+                batch_format="pyarrow",
+                compute=actor_pool(config),
+                num_cpus=r.cpus_per_worker,
+                num_gpus=r.gpus_per_worker,
+                # Ray Data restarts dead actors and retries their batches forever by default; an engine that keeps
+                # crashing must fail the job instead. Ray 2.60 has no named parameter for these two: its own docs
+                # say `map_batches(..., max_restarts=0)`, i.e. extra keyword arguments gathered as
+                # **ray_remote_args, which it deprecates for removal in 2.64. pyproject pins ray below that; the
+                # deprecation warning shows with --progress (`pipeline.raydata.own_deprecations`).
+                max_restarts=r.max_retries,
+                max_task_retries=r.max_retries,
+            )
         ds.write_parquet(folder.url("candidates"), filesystem=fs, ray_remote_args={"num_cpus": 0})
 
 
@@ -229,16 +263,21 @@ def actor_pool(config: JobConfig) -> ray.data.ActorPoolStrategy:
 
 def connect() -> str:
     """Join the Ray cluster the job was submitted to (RAY_ADDRESS, or a `ray start` cluster on this machine), else
-    start a local one; returns a line saying which."""
+    start a local one; returns a line saying which (a driver that started its own Ray says so, whatever RAY_ADDRESS
+    says: ``local`` starts one)."""
     if ray.is_initialized():
+        quiet_ray_data()
         return "using the Ray instance already initialised in this process"
     address = os.environ.get("RAY_ADDRESS")
-    ray.init()
+    ray.init(**ray_init_options())
+    quiet_ray_data()
     resources = ray.cluster_resources()
     size = f"{resources.get('CPU', 0):g} CPUs, {resources.get('GPU', 0):g} GPUs"
-    if address:
-        return f"joined the Ray cluster at RAY_ADDRESS={address} ({size})"
-    return f"Ray at {ray.get_runtime_context().gcs_address} ({size})"
+    node = getattr(ray._private.worker, "_global_node", None)
+    if getattr(node, "head", False):  # this process started the head node: a local Ray of its own
+        return f"started a local Ray ({size})"
+    where = f"RAY_ADDRESS={address}" if address else ray.get_runtime_context().gcs_address
+    return f"joined the Ray cluster at {where} ({size})"
 
 
 class GenerateBatch:
@@ -302,7 +341,8 @@ class GenerateBatch:
 
 
 def summary_table(t: Tally, config: JobConfig, new_rows: int, seconds: float) -> str:
-    """The run folder's totals as a one-row markdown table, and a line saying what this run added."""
+    """The run folder's totals as a one-row markdown table, and lines saying what this run added, what the tokens
+    are, and (for Speculative Rejection) whether any candidate was cut."""
     cost = t.cost_totals(config.cost.usd_per_device_hour)
     reward = t.mean_best_reward()
     tokens = cost.target_tokens + cost.draft_tokens + cost.reward_tokens
@@ -310,7 +350,9 @@ def summary_table(t: Tally, config: JobConfig, new_rows: int, seconds: float) ->
         ("prompts", f"{t.rows}"),
         ("errors", f"{t.errors}"),
         ("mean best reward", "n/a" if reward is None else f"{reward:.4f}"),
-        ("tokens", f"{tokens}"),
+        ("generated tokens", f"{t.generated_tokens}"),
+        ("candidates", f"{t.candidates}"),
+        ("rejected", f"{t.rejected}"),
         ("device-seconds", f"{cost.device_seconds:.1f}"),
         ("USD", f"{cost.usd:.6f}"),
     ]
@@ -319,12 +361,21 @@ def summary_table(t: Tally, config: JobConfig, new_rows: int, seconds: float) ->
     rule = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
     row = "| " + " | ".join(v.rjust(w) for (_, v), w in zip(cells, widths)) + " |"
     notes = (
-        f"{new_rows} row(s) written by this run in {seconds:.0f} s; tokens = target {cost.target_tokens} + "
-        f"draft {cost.draft_tokens} + reward {cost.reward_tokens}; USD at "
+        f"{new_rows} row(s) written by this run in {seconds:.0f} s; generated tokens = stats.generated_tokens summed "
+        f"(every candidate's, rejected ones included); all tokens processed = {tokens} (target {cost.target_tokens}"
+        f" + draft {cost.draft_tokens} + reward {cost.reward_tokens}, prefill and scoring included); USD at "
         f"{config.cost.usd_per_device_hour:g}/device-hour"
         + (f"; {t.rows_without_cost} row(s) have no cost and are left out of these totals"
            if t.rows_without_cost else "")
         + (f"; {t.reward_inputs_truncated} reward input(s) were longer than the reward model's context and were "
            "scored on their last tokens (stats.reward_inputs_truncated)" if t.reward_inputs_truncated else "")
     )
-    return "\n".join([head, rule, row, notes])
+    lines = [head, rule, row, notes]
+    method = config.method
+    if method.name == "speculative_rejection" and t.candidates and not t.rejected:
+        why = ("method.alpha is 0" if method.alpha == 0 else
+               "the memory schedule never reached its budget: lower method.memory_budget_mb, or use schedule: fixed"
+               if method.schedule == "memory" else
+               "no decision token came before the candidates finished: lower method.every_k_tokens")
+        lines.append(f"no candidate was rejected: this run was Best-of-N at Speculative Rejection's price ({why})")
+    return "\n".join(lines)

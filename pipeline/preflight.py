@@ -10,12 +10,18 @@ the same one the workers run before loading.
 
 from __future__ import annotations
 
+import functools
 import importlib
+import inspect
 import json
 import os
+import posixpath
+import re
+import struct
 
 import assets
 from schemas.config import JobConfig
+from stores.filesystems import bucket_message, filesystem, missing_bucket
 from stores.model_folders import CAUSAL_LM, NEEDS, REWARD, model_folder_problems
 
 
@@ -33,10 +39,15 @@ def model_fields(config: JobConfig) -> list[tuple[str, str]]:
 ROLES = {"models.target": CAUSAL_LM, "models.draft": CAUSAL_LM, "models.reward.path": REWARD}
 
 
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # owner/name, as the Hugging Face Hub names models
+
+
 def model_spec_problems(spec: str, field: str) -> list[str]:
     """Every reason `spec` (as written in the config) is not a model folder for `field`'s role (a causal language
-    model for models.target and models.draft, a one-label sequence classifier for models.reward.path). An asset
-    built on the node that uses it is checked for its role and its extra only: it is not built here."""
+    model for models.target and models.draft, a one-label sequence classifier for models.reward.path), and whether
+    its weight files are whole (`weight_problems`). A Hub id (``owner/name``) that is no folder here is answered
+    with how to fetch it; a missing S3 bucket is named. An asset built on the node that uses it is checked for its
+    role and its extra only: it is not built here."""
     if assets.builds_on_node(spec):
         why = assets.unavailable(spec)
         problems = [f"{field}: {why}"] if why else []
@@ -48,18 +59,112 @@ def model_spec_problems(spec: str, field: str) -> list[str]:
         location = assets.resolve(spec)
     except KeyError as err:
         return [f"{field}: {err.args[0]}"]
-    return model_folder_problems(location, field, shown=spec, role=ROLES.get(field))
+    problems = model_folder_problems(location, field, shown=spec, role=ROLES.get(field))
+    if problems == [f"{field}: {spec} does not exist"]:
+        try:
+            fs, root = filesystem(location)
+            bucket = missing_bucket(fs, root)
+        except (OSError, ValueError, ImportError):
+            bucket = None
+        if bucket is not None:
+            return [f"{field}: {spec}: {bucket_message(bucket)}"]
+        if HUB_ID.match(spec) and not os.path.exists(os.path.dirname(os.path.abspath(spec))):
+            return [f"{field}: {spec} is not a folder here; it looks like a Hugging Face Hub id, and Winnow does not "
+                    f"download models at run time: on a machine with network run `hf download {spec} --local-dir "
+                    f"DIR` (`huggingface-cli download` in huggingface_hub before 1.0), copy DIR here if needed, and "
+                    f"set {field}: DIR"]
+    if problems:
+        return problems
+    return weight_problems(location, field, spec)
+
+
+def weight_problems(location: str, field: str, shown: str) -> list[str]:
+    """Weight files that are cut short, read from their headers without loading them: a ``.safetensors`` file
+    shorter than its header's tensors reach (or with a header that does not parse), a ``pytorch_model.bin`` zip
+    without its end record, and shards an index names that are not there. Each names the file and the fix."""
+    try:
+        fs, root = filesystem(location)
+        names = sorted(posixpath.basename(p.rstrip("/")) for p in fs.ls(root, detail=False))
+        problems = []
+        for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+            if index in names:
+                with fs.open(posixpath.join(root, index), "rb") as f:
+                    try:
+                        shards = sorted(set(json.loads(f.read().decode("utf-8")).get("weight_map", {}).values()))
+                    except (ValueError, UnicodeDecodeError, AttributeError) as err:
+                        problems.append(f"{field}: {shown}/{index} is not a valid index ({err}); download the "
+                                        "model again")
+                        continue
+                missing = [s for s in shards if s not in names]
+                if missing:
+                    problems.append(f"{field}: {shown}/{index} names shard(s) that are not in the folder: "
+                                    f"{', '.join(missing[:3])}; download the model again")
+        for name in names:
+            path = posixpath.join(root, name)
+            if name.endswith(".safetensors"):
+                problem = _safetensors_problem(fs, path)
+            elif name == "pytorch_model.bin" or (name.startswith("pytorch_model-") and name.endswith(".bin")):
+                problem = _zip_problem(fs, path)
+            else:
+                continue
+            if problem:
+                problems.append(f"{field}: {shown}/{name} {problem}; download the model again")
+    except OSError as err:
+        return [f"{field}: {shown} cannot be read ({err})"]
+    return problems
+
+
+def _safetensors_problem(fs, path: str) -> str | None:
+    """Why a .safetensors file is not whole: its header (8 bytes of length, then JSON with each tensor's
+    data_offsets) says how long the file must be."""
+    size = fs.size(path)
+    with fs.open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            return f"is cut short ({size} bytes; not even the header's length is there)"
+        length = struct.unpack("<Q", head)[0]
+        if length > min(size, 1 << 28):
+            return f"is cut short or not safetensors (its header claims {length} bytes; the file has {size})"
+        try:
+            header = json.loads(f.read(length).decode("utf-8"))
+            end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+        except (ValueError, UnicodeDecodeError, KeyError, TypeError, IndexError) as err:
+            return f"has a header that does not parse ({type(err).__name__}); it is cut short or not safetensors"
+    want = 8 + length + end
+    if size < want:
+        return f"is cut short: {size} bytes where its header describes {want}"
+    return None
+
+
+def _zip_problem(fs, path: str) -> str | None:
+    """Why a torch zip checkpoint is not whole (no end-of-central-directory record: cut short). Legacy pickles
+    (not zip files) are not checked."""
+    size = fs.size(path)
+    with fs.open(path, "rb") as f:
+        if f.read(2) != b"PK":
+            return None
+        f.seek(max(0, size - 65557))
+        tail = f.read()
+    return None if b"PK\x05\x06" in tail else f"is cut short: a zip archive without its end record ({size} bytes)"
 
 
 def python_reward_problem(function: str) -> str | None:
-    """Why `module:function` cannot be imported and called, or None."""
+    """Why `module:function` cannot be imported and called as the reward, or None: an async function (``async
+    def``) is refused, since the reward is called synchronously and must return the floats themselves."""
     module_name, _, attr = function.partition(":")
     try:
         module = importlib.import_module(module_name)
     except Exception as err:  # any import-time failure of user code is a bad config, reported by name
         return f"models.reward.function: cannot import {module_name!r} ({type(err).__name__}: {err})"
-    if not callable(getattr(module, attr, None)):
+    fn = getattr(module, attr, None)
+    if not callable(fn):
         return f"models.reward.function: {module_name!r} has no callable {attr!r}"
+    inner = fn.func if isinstance(fn, functools.partial) else fn
+    if inspect.iscoroutinefunction(inner) or inspect.iscoroutinefunction(getattr(inner, "__call__", None)) or \
+            inspect.isasyncgenfunction(inner):
+        return (f"models.reward.function: {function} is an async function (async def); the reward is called as "
+                "f(prompts, texts) and must return the list of floats, not a coroutine: wrap it in a plain function, "
+                f"e.g. def score(prompts, texts): return asyncio.run({attr}(prompts, texts))")
     return None
 
 

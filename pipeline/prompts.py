@@ -26,7 +26,7 @@ import hashlib
 import json
 import posixpath
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import fsspec
@@ -37,12 +37,13 @@ from pipeline.raydata import data_context, short_error
 from schemas.base import InputError
 from schemas.config import DataConfig, JobConfig
 from schemas.rows import MESSAGE, prompt_problem
-from stores.filesystems import filesystem
+from stores.filesystems import bucket_message, filesystem, missing_bucket
 
 # Ray Data warns when an operator capped at N tasks at once gets fewer than N blocks (a small source, read as one
 # block): a hint to split the input, which is no use for these cheap operators. Only this module's are silenced.
 warnings.filterwarnings(
-    "ignore", message=r"The maximum number of concurrent tasks for '[^']*(normalise_batch|_apply_fix_refs)",
+    "ignore",
+    message=r"The maximum number of concurrent tasks for '[^']*(normalise_batch|_apply_fix_refs|json_file_rows)",
     category=UserWarning,
 )
 
@@ -68,6 +69,12 @@ class Source:
     kind: str  # json | parquet | csv | hf_disk
     paths: list[str]  # files for json/parquet/csv (with their protocol), the folder for hf_disk
     fs: fsspec.AbstractFileSystem
+    # JSON only: "arrow" (pyarrow's reader, which types each column from its first values) or "python" (line by
+    # line, for files every line of which is a JSON object but whose columns mix types, e.g. integer and string
+    # ids, which pyarrow refuses; and for one-document .json arrays). `check_source` decides.
+    reader: str = "arrow"
+    why_python: str | None = None
+    columns: tuple[str, ...] | None = None  # "python" reader: the columns its files' rows hold (None: not read)
 
     @property
     def local(self) -> bool:
@@ -77,6 +84,11 @@ class Source:
 def _protocols(fs) -> tuple:
     p = fs.protocol
     return (p,) if isinstance(p, str) else tuple(p)
+
+
+def source_location(spec: str) -> str:
+    """`data.source` as a path or URL: builtin:NAME -> the bundled folder; anything else as given."""
+    return _location(spec)
 
 
 def _location(spec: str) -> str:
@@ -105,7 +117,8 @@ def resolve_source(spec: str) -> Source:
                 )
             return Source(spec, FORMATS[ext], [_with_protocol(fs, root)], fs)
         if not fs.isdir(root):
-            raise InputError(f"data.source: {spec}: no such file or folder")
+            bucket = missing_bucket(fs, root)
+            raise InputError(f"data.source: {spec}: {bucket_message(bucket) if bucket else 'no such file or folder'}")
         names = {posixpath.basename(p) for p in fs.ls(root, detail=False)}
         if "dataset_dict.json" in names:
             raise InputError(
@@ -139,56 +152,224 @@ def resolve_source(spec: str) -> Source:
 # readers' errors from remote tasks; anything else (a bug, a dead worker) is not bad input and propagates.
 READ_ERRORS = (OSError, ValueError, EOFError, pa.ArrowException)
 
+CHUNK = 1 << 20  # bytes read at a time by the driver's checks
 
-def first_bad_file(source: Source) -> str | None:
-    """Which file of `source` its reader cannot parse, and where, read on the driver once a read has failed: for
-    JSON, the first line of a JSON-lines file that is not valid JSON (by its 1-based line number; a file that is one
-    JSON document is parsed whole); for Parquet, the first file whose footer or row groups cannot be read. None when
-    every file reads (or for CSV and datasets folders, which are not checked here)."""
+
+@dataclass
+class FileCheck:
+    """What the driver found reading one source file: the first fault (`problem`, e.g. "line 3 is not valid JSON
+    (...)"), else its Arrow schema, and for JSON whether pyarrow's reader can type it (`python_reader`: every line is
+    a JSON object, but a column mixes types, e.g. integer and string ids) with the columns seen."""
+
+    problem: str | None = None
+    schema: pa.Schema | None = None
+    python_reader: str | None = None  # why the file needs the line-by-line reader, or None
+    columns: tuple[str, ...] = ()
+
+
+def check_file(source: Source, path: str, whole: bool = False) -> FileCheck:
+    """Read one file of `source` on the driver, memory-flat: for JSON the encoding and every line (pyarrow's reader
+    first; on its error, line by line for the line at fault), for Parquet the footer (and with `whole`, after a
+    read failed, every row group). CSV and datasets folders are not read here. An OSError of the store itself
+    propagates."""
     import pyarrow.parquet as pq
 
-    for path in source.paths:
+    if source.kind == "parquet":
         try:
-            if source.kind == "json":
-                problem = _json_problem(source.fs, path)
-            elif source.kind == "parquet":
-                with source.fs.open(path, "rb") as f:
-                    pq.ParquetFile(f).read()
-                problem = None
-            else:
+            with source.fs.open(path, "rb") as f:
+                parquet = pq.ParquetFile(f)
+                for i in range(parquet.num_row_groups if whole else 0):
+                    parquet.read_row_group(i)
+                return FileCheck(schema=parquet.schema_arrow)
+        except (pa.ArrowException, ValueError, EOFError) as err:
+            return FileCheck(f"not a readable parquet file ({type(err).__name__}: {str(err).splitlines()[0]})")
+    if source.kind == "json":
+        return _check_json(source.fs, path)
+    return FileCheck()
+
+
+def _check_json(fs, path: str) -> FileCheck:
+    problem = _utf8_problem(fs, path)
+    if problem:
+        return FileCheck(problem)
+    with fs.open(path, "rb") as f:
+        head = f.read(CHUNK).lstrip()
+    if head.startswith(b"["):  # one JSON document (an array of rows), read whole as Ray's reader does
+        return _check_json_document(fs, path)
+    import pyarrow.json as pajson
+
+    # pyarrow's streaming reader parses about 32 blocks ahead: 2 MB of 64 KiB blocks, whatever the file's size (a
+    # line longer than a block is retried with larger ones)
+    block = 1 << 16
+    while True:
+        try:
+            with fs.open(path, "rb") as f:
+                reader = pajson.open_json(f, read_options=pajson.ReadOptions(block_size=block, use_threads=False))
+                for _ in reader:
+                    pass
+                return FileCheck(schema=reader.schema)
+        except pa.ArrowInvalid as err:
+            text = str(err)
+            if "straddl" in text and block < (1 << 30):  # a line longer than the block
+                block *= 4
+                continue
+            if "Empty JSON" in text:
+                return FileCheck(schema=pa.schema([]))
+            return _scan_json_lines(fs, path, text)
+
+
+def _utf8_problem(fs, path: str) -> str | None:
+    """The first line that is not UTF-8 text, read in chunks (pyarrow's JSON reader lets bad bytes through)."""
+    import codecs
+
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    lines = offset = 0
+    with fs.open(path, "rb") as f:
+        while True:
+            chunk = f.read(CHUNK)
+            try:
+                decoder.decode(chunk, final=not chunk)
+            except UnicodeDecodeError as err:
+                line = lines + err.object[: err.start].count(b"\n") + 1
+                at = offset + err.start - (len(err.object) - len(chunk))
+                return f"line {line} is not UTF-8 text ({err.reason} at byte {at})"
+            if not chunk:
                 return None
-        except READ_ERRORS as err:
-            problem = f"not a readable {source.kind} file ({type(err).__name__}: {str(err).splitlines()[0]})"
+            lines += chunk.count(b"\n")
+            offset += len(chunk)
+
+
+def _row_problem(row, number: int | None = None) -> str | None:
+    """Why a parsed JSON row cannot be a row: not an object, or a string holding a lone surrogate (an escape such as
+    \\ud800 that is half of a UTF-16 pair: valid JSON syntax, but no Unicode character)."""
+    where = f"line {number}" if number is not None else "an element"
+    if not isinstance(row, dict):
+        return f"{where} is a JSON {type(row).__name__}; expected an object (one row per line)"
+    try:
+        json.dumps(row, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as err:
+        bad = ord(err.object[err.start])
+        return (f"{where} holds a lone surrogate \\u{bad:04x} in a string: half of a UTF-16 pair, "
+                "which is no character; fix the text that wrote it (e.g. a string cut between the two halves)")
+    return None
+
+
+def _types(row: dict) -> dict[str, str]:
+    return {k: ("null" if v is None else "boolean" if isinstance(v, bool) else "number"
+                if isinstance(v, (int, float)) else "string" if isinstance(v, str) else
+                "list" if isinstance(v, list) else "object") for k, v in row.items()}
+
+
+def _scan_json_lines(fs, path: str, arrow_error: str) -> FileCheck:
+    """Line by line, after pyarrow's reader refused the file: the first line that is not a JSON object (or holds a
+    lone surrogate); when every line is one, the file is read line by line instead, and the column whose values
+    mix types (pyarrow types a column from its first values) is named."""
+    seen: dict[str, tuple[str, int]] = {}
+    mixed = None
+    columns: list[str] = []
+    with fs.open(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            line = raw.decode("utf-8").rstrip("\r\n")
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError as err:
+                return FileCheck(f"line {number} is not valid JSON ({getattr(err, 'msg', err)}, column "
+                                 f"{getattr(err, 'colno', '?')})")
+            problem = _row_problem(row, number)
+            if problem:
+                return FileCheck(problem)
+            for key, kind in _types(row).items():
+                if key not in seen:
+                    columns.append(key)
+                    seen[key] = (kind, number)
+                elif mixed is None and "null" not in (kind, seen[key][0]) and kind != seen[key][0]:
+                    mixed = (f"column {key!r} holds {seen[key][0]}s (line {seen[key][1]}) and {kind}s (line "
+                             f"{number})")
+                elif seen[key][0] == "null":
+                    seen[key] = (kind, number)
+    return FileCheck(python_reader=mixed or f"pyarrow's reader refused it ({arrow_error})", columns=tuple(columns))
+
+
+def _check_json_document(fs, path: str) -> FileCheck:
+    """A file that is one JSON document: an array of objects (read whole, as Ray's reader reads it)."""
+    with fs.open(path, "rb") as f:
+        text = f.read().decode("utf-8")
+    try:
+        rows = json.loads(text)
+    except ValueError as err:
+        return FileCheck(f"not valid JSON ({err})")
+    if not isinstance(rows, list):
+        return FileCheck(f"a JSON {type(rows).__name__}; expected an array of objects, or one object per line")
+    columns: list[str] = []
+    for i, row in enumerate(rows):
+        problem = _row_problem(row)
+        if problem:
+            return FileCheck(problem.replace("an element", f"element {i} of the array", 1))
+        columns += [k for k in row if k not in columns]
+    return FileCheck(python_reader="one JSON document (an array), read whole", columns=tuple(columns))
+
+
+def first_bad_file(source: Source) -> str | None:
+    """Which file of `source` cannot be read, and where (`check_file`, Parquet files whole): ``PATH: problem``, or
+    None when every file reads (CSV and datasets folders are not checked here)."""
+    for path in source.paths:
+        problem = check_file(source, path, whole=True).problem
         if problem:
             return f"{path}: {problem}"
     return None
 
 
-def _json_problem(fs, path: str) -> str | None:
-    """Why a .json/.jsonl file does not parse: its first bad line (JSON lines), or the document's error."""
-    with fs.open(path, "rb") as f:
-        data = f.read()
+def check_source(config: JobConfig) -> Source:
+    """Before Ray starts: `data.source` resolved (InputError when it is absent or of no known type), and for local
+    files every file read on the driver (`check_file`: the first bad line or a cut Parquet footer, named) and the
+    config's columns checked against the files' schemas; also decides how JSON is read (`Source.reader`). Remote
+    sources are read by Ray, which finds such problems there (`unreadable`)."""
+    source = resolve_source(config.data.source)
+    if not source.local or source.kind not in ("json", "parquet"):
+        return source
+    problems, schemas, python_reader, columns = [], [], None, []
+    for path in source.paths:
+        try:
+            found = check_file(source, path)
+        except OSError as err:
+            raise InputError(f"data.source: {_shown(source, path)}: cannot be read ({err})") from None
+        if found.problem:
+            problems.append(f"data.source: {_shown(source, path)}: {found.problem}")
+        elif found.python_reader:
+            python_reader = python_reader or f"{_shown(source, path)}: {found.python_reader}"
+        columns += [c for c in (found.columns or (found.schema.names if found.schema else ())) if c not in columns]
+        if found.schema is not None:
+            schemas.append(found.schema)
+    if problems:
+        raise InputError(problems)
+    if source.kind == "json" and python_reader is None and len(schemas) > 1:
+        try:
+            pa.unify_schemas(schemas)
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as err:  # files typing a column apart (integers, strings)
+            python_reader = f"the files type a column apart ({str(err).splitlines()[0]})"
+    if python_reader is not None:
+        source = replace(source, reader="python", why_python=python_reader, columns=tuple(columns))
+        schema = pa.schema([(c, pa.null()) for c in columns])  # types vary by row: checked row by row
+    else:
+        schema = _unified(schemas) if schemas else None
+    if schema is not None and (schema.names or source.kind == "parquet"):
+        problems = column_problems(schema, config, source.spec)
+        if problems:
+            raise InputError(problems)
+    return source
+
+
+def _unified(schemas: list[pa.Schema]) -> pa.Schema:
     try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        line = data[: err.start].count(b"\n") + 1
-        return f"line {line} is not UTF-8 text ({err.reason} at byte {err.start})"
-    if text.lstrip().startswith("["):  # one JSON document (an array of rows): its own error position
-        try:
-            json.loads(text)
-            return None
-        except ValueError as err:
-            return f"not valid JSON ({err})"
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError as err:
-            return f"line {number} is not valid JSON ({getattr(err, 'msg', err)}, column {getattr(err, 'colno', '?')})"
-        if not isinstance(row, dict):
-            return f"line {number} is a JSON {type(row).__name__}; expected an object (one row per line)"
-    return None
+        return pa.unify_schemas(schemas, promote_options="permissive")
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        return schemas[0]
+
+
+def _shown(source: Source, path: str) -> str:
+    return path if path.startswith(source.spec) else f"{source.spec}: {path}"
 
 
 def unreadable(source: Source, err: BaseException) -> InputError:
@@ -202,6 +383,31 @@ def unreadable(source: Source, err: BaseException) -> InputError:
     return InputError(f"data.source: {source.spec}: cannot be read: {short_error(err)}")
 
 
+def python_reader_instead(source: Source, err: BaseException) -> Source:
+    """After pyarrow's reader failed on a JSON `source` that the driver had not read (a remote one): the same source
+    read line by line when every file is good JSON that pyarrow cannot type (a column mixing integers and strings),
+    else the InputError naming the file and line (`unreadable`)."""
+    raise_if_not_input(err)
+    if source.kind != "json" or source.reader == "python":
+        raise unreadable(source, err)
+    why, columns = None, []
+    for path in source.paths:
+        found = check_file(source, path)
+        if found.problem:
+            raise InputError(f"data.source: {_shown(source, path)}: {found.problem}")
+        why = why or (found.python_reader and f"{_shown(source, path)}: {found.python_reader}")
+        columns += [c for c in (found.columns or (found.schema.names if found.schema else ())) if c not in columns]
+    if why is None and not _is_mixed(err):
+        raise unreadable(source, err)
+    return replace(source, reader="python", why_python=why or short_error(err), columns=tuple(columns))
+
+
+def _is_mixed(err: BaseException) -> bool:
+    """Whether a read error is Ray's or Arrow's way of saying that files or blocks type a column apart."""
+    text = str(err)
+    return "Unable to merge" in text or "changed from" in text or "incompatible types" in text
+
+
 def raise_if_not_input(err: BaseException) -> None:
     """Re-raise Ray's own failures (a dead worker or node, a lost object, a timeout) that happen to subclass one of
     READ_ERRORS (TimeoutError is an OSError): they say nothing about the source."""
@@ -211,8 +417,10 @@ def raise_if_not_input(err: BaseException) -> None:
         raise err
 
 
-def read_source(source: Source):
-    """The source as a Ray Dataset (lazy; nothing is read until it executes)."""
+def read_source(source: Source, id_column: str | None = None):
+    """The source as a Ray Dataset (lazy; nothing is read until it executes). A CSV's `id_column` is read as strings
+    (ids may mix numbers and names). A JSON source of the "python" reader gives one row per file (``bytes``), which
+    `json_file_rows` turns into normalised rows."""
     import ray.data
     from pyarrow.fs import FSSpecHandler, PyFileSystem
 
@@ -230,11 +438,62 @@ def read_source(source: Source):
             raise InputError(f"data.source: {source.spec}: expected one split (a datasets.Dataset)")
         return ray.data.from_arrow(hf.data.table)
     fs_arg = {} if source.local else {"filesystem": PyFileSystem(FSSpecHandler(source.fs))}
+    if source.kind == "json" and source.reader == "python":
+        return ray.data.read_binary_files(source.paths, **fs_arg)
     if source.kind == "json":
         return ray.data.read_json(source.paths, **fs_arg)
     if source.kind == "csv":
-        return ray.data.read_csv(source.paths, **fs_arg)
+        import pyarrow.csv as pacsv
+
+        types = {id_column: pa.string()} if id_column else {}
+        return ray.data.read_csv(source.paths, convert_options=pacsv.ConvertOptions(column_types=types), **fs_arg)
     return ray.data.read_parquet(source.paths, **fs_arg)
+
+
+PYTHON_ROWS_PER_TABLE = 10_000
+
+
+def json_file_rows(batch: pa.Table, data: DataConfig, concepts_column: str | None):
+    """The "python" JSON reader (Ray Data batches of one file each, column ``bytes``): each file's rows, line by line
+    (or the elements of a one-document array), as normalised rows (`INPUT_SCHEMA`), in order. Values are taken as
+    JSON gives them: an id may be an integer on one line and a string on the next (it becomes a string either way),
+    a prompt a string on one line and chat messages on the next; a value of the wrong kind makes that row an error
+    row, as the Arrow path's per-row checks do."""
+    for data_bytes in batch.column("bytes").to_pylist():
+        text = data_bytes.decode("utf-8")
+        if text.lstrip().startswith("["):
+            rows = iter(json.loads(text))
+        else:
+            rows = (json.loads(line) for line in text.split("\n") if line.strip())  # not splitlines: U+2028 is text
+        out = []
+        for row in rows:
+            out.append(_python_row(row, data, concepts_column))
+            if len(out) >= PYTHON_ROWS_PER_TABLE:
+                yield pa.Table.from_pylist(out, schema=INPUT_SCHEMA)
+                out = []
+        if out:
+            yield pa.Table.from_pylist(out, schema=INPUT_SCHEMA)
+
+
+def _python_row(row: dict, data: DataConfig, concepts_column: str | None) -> dict:
+    """`normalise_row` for a row parsed by json, whose values were not typed by a column: an id must be a string
+    or an integer, concepts a list of strings, else the row becomes an error row saying so."""
+    problem = None
+    if data.id_column is not None:
+        pid = row.get(data.id_column)
+        if pid is not None and (isinstance(pid, bool) or not isinstance(pid, (str, int))):
+            problem = f"id column {data.id_column!r} holds a {_types({'v': pid})['v']}; expected a string or an integer"
+            row = {**row, data.id_column: None}
+    if concepts_column is not None:
+        concepts = row.get(concepts_column)
+        if concepts is not None and not (isinstance(concepts, list) and all(isinstance(c, str) for c in concepts)):
+            problem = problem or f"concepts column {concepts_column!r} is not a list of strings"
+            row = {**row, concepts_column: None}
+    out = normalise_row(row, data, concepts_column)
+    if problem is not None:
+        out["input_error"] = problem
+    out["source_row"] = -1
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -390,14 +649,28 @@ def normalised_dataset(config: JobConfig, source: Source):
     `INPUT_SCHEMA` rows (``source_row`` still -1), one per source row, in source order when it runs under
     ``data_context(**READ_CONTEXT)``. Raises InputError for a missing column or a source without rows, or for a
     file the reader cannot parse when that shows while reading the schema (else it shows when the dataset runs:
-    catch READ_ERRORS there and raise `unreadable`)."""
+    `_read_whole` sorts it out). A JSON source that pyarrow's reader refuses here is read line by line
+    (`python_reader_instead`) when its lines are good JSON."""
     import ray.data
 
+    if source.kind == "json" and source.reader == "python":
+        if source.columns is not None:
+            problems = column_problems(pa.schema([(c, pa.null()) for c in source.columns]), config, source.spec)
+            if problems:
+                raise InputError(problems)
+        ds = read_source(source).map_batches(
+            json_file_rows, fn_kwargs={"data": config.data, "concepts_column": _concepts_column(config)},
+            batch_size=1, batch_format="pyarrow", num_cpus=0, compute=ray.data.TaskPoolStrategy(size=cluster_cpus()),
+        )
+        return ds.limit(config.data.limit) if config.data.limit is not None else ds
     try:
-        ds = read_source(source)  # Parquet footers are read here, on the driver
+        ds = read_source(source, config.data.id_column)  # Parquet footers are read here, on the driver
         schema = ds.schema(fetch_if_missing=True)
-    except READ_ERRORS as err:  # the reader's own error (ArrowInvalid, JSONDecodeError...), re-raised by Ray
-        raise unreadable(source, err) from None
+    except Exception as err:  # noqa: BLE001 - the reader's own error (ArrowInvalid, ...) re-raised by Ray: bad input
+        cause = read_error(err)
+        if cause is None:
+            raise
+        return normalised_dataset(config, python_reader_instead(source, cause))
     if schema is None:
         raise InputError(f"data.source: {source.spec}: holds no rows")
     arrow_schema = schema.base_schema if hasattr(schema, "base_schema") else schema
@@ -419,6 +692,47 @@ def normalised_dataset(config: JobConfig, source: Source):
     )
 
 
+def _read_whole(config: JobConfig, source: Source, run):
+    """`run(normalised_dataset(config, source))` (a materialize or a gather), and the source it read. A JSON source
+    that pyarrow's reader refuses while running is read again line by line when its lines are good JSON
+    (`python_reader_instead`); any other reader error is an InputError naming the file and line (`unreadable`)."""
+    try:
+        return run(normalised_dataset(config, source)), source
+    except Exception as err:  # noqa: BLE001 - sorted below: the reader's errors are bad input, others propagate
+        cause = read_error(err)
+        if cause is None:
+            raise
+        if source.kind != "json" or source.reader == "python":
+            raise unreadable(source, cause) from None
+        source = python_reader_instead(source, cause)
+    try:
+        return run(normalised_dataset(config, source)), source
+    except Exception as err:  # noqa: BLE001 - as above
+        cause = read_error(err)
+        if cause is None:
+            raise
+        raise unreadable(source, cause) from None
+
+
+def read_error(err: BaseException) -> BaseException | None:
+    """The reader's own error in what Ray raised (`READ_ERRORS`; Ray's wrapper, `RayTaskError`, cannot always take
+    the class of the cause, e.g. UnicodeDecodeError, and then carries it as `cause`), or None for Ray's own failures
+    and anything else."""
+    from ray.exceptions import RayError, RayTaskError
+
+    seen = err
+    for _ in range(8):
+        if isinstance(seen, RayError) and not isinstance(seen, RayTaskError):
+            return None  # a dead worker, a lost object, a timeout: not the source's fault
+        if isinstance(seen, READ_ERRORS):
+            return seen
+        nxt = getattr(seen, "cause", None) if isinstance(seen, RayTaskError) else None
+        seen = nxt if nxt is not None else seen.__cause__
+        if seen is None:
+            return None
+    return None
+
+
 def cluster_cpus() -> int:
     """The CPUs of the Ray cluster (at least 1): how many of this module's CPU-less tasks run at once, at most."""
     import ray
@@ -433,13 +747,10 @@ def load_prompts(config: JobConfig) -> pa.Table:
 
     Needs a connected Ray. Raises InputError for a source that is absent, unreadable, or lacks a named column.
     """
-    source = resolve_source(config.data.source)
+    source = check_source(config)
     with data_context(**READ_CONTEXT):
-        ds = normalised_dataset(config, source)
-        try:
-            parts = [b for b in ds.iter_batches(batch_format="pyarrow", batch_size=None)]
-        except READ_ERRORS as err:
-            raise unreadable(source, err) from None
+        parts, source = _read_whole(config, source, lambda ds: [
+            b for b in ds.iter_batches(batch_format="pyarrow", batch_size=None)])
     table = pa.concat_tables(parts).cast(INPUT_SCHEMA) if parts else INPUT_SCHEMA.empty_table()
     if table.num_rows == 0:
         raise InputError(f"data.source: {source.spec}: holds no rows")
@@ -474,8 +785,8 @@ RECORDS = pa.schema([("key", pa.string()), ("k", pa.int64()), ("row", pa.int64()
 FIXES = pa.schema([("row", pa.int64()), ("prompt_id", pa.string()), ("first", pa.int64())])
 
 
-def write_prompts(config: JobConfig, dest: str, filesystem=None, *, chunk_rows: int | None = None,
-                  partitions: int | None = None) -> int:
+def write_prompts(config: JobConfig, dest: str, filesystem=None, *, source: Source | None = None,
+                  chunk_rows: int | None = None, partitions: int | None = None) -> int:
     """Read, normalise and write the prompt set as Parquet files under the folder `dest`; the number of rows.
 
     The rows are `load_prompts`'s, row for row (sorted by ``source_row``; the files also hold them in source order):
@@ -484,8 +795,9 @@ def write_prompts(config: JobConfig, dest: str, filesystem=None, *, chunk_rows: 
     disk) and moved between Ray tasks, so the driver's memory does not grow with the prompt set.
 
     `dest` is a folder as Ray Data takes it (a local absolute path or a URL); `filesystem` a pyarrow filesystem for
-    it, or None for a local path. `chunk_rows` (at least this many rows per chunk of consecutive blocks, and so per
-    written file; by default `CHUNK_ROWS`, more with many partitions) and `partitions` (hash partitions for finding
+    it, or None for a local path; `source` the config's `check_source` when the caller has it. `chunk_rows` (at
+    least this many rows per chunk of consecutive blocks, and so per written file; by default `CHUNK_ROWS`, more
+    with many partitions) and `partitions` (hash partitions for finding
     duplicates; by default one per million rows, at least one per CPU) are for tests and tuning. Apart from Ray
     Data's read tasks (as in `load_prompts`), every task asks for no CPU, so none waits behind actors holding every
     CPU of a small cluster, and at most one per CPU of the cluster runs at a time.
@@ -498,17 +810,13 @@ def write_prompts(config: JobConfig, dest: str, filesystem=None, *, chunk_rows: 
     import ray
     import ray.data
 
-    source = resolve_source(config.data.source)
+    source = source if source is not None else check_source(config)
     width = cluster_cpus()  # tasks running at once, at most
     remote = {"num_cpus": 0}
     with data_context(**READ_CONTEXT):
-        ds = normalised_dataset(config, source)
-        try:
-            materialized = ds.materialize()
-        except READ_ERRORS as err:
-            raise unreadable(source, err) from None
+        materialized, source = _read_whole(config, source, lambda ds: ds.materialize())
         blocks = materialized.to_arrow_refs()
-        del materialized, ds  # the refs keep the blocks; each is dropped once its chunk is numbered
+        del materialized  # the refs keep the blocks; each is dropped once its chunk is numbered
         count = ray.remote(_num_rows).options(**remote)
         counts = ray.get(_bounded([(count, (b,)) for b in blocks], width))
         total = sum(counts)

@@ -1,16 +1,84 @@
-"""Ray Data helpers of the pipeline: a scoped DataContext change, and the one-line cause of an error Ray re-raised."""
+"""Ray Data helpers of the pipeline: a scoped DataContext change, the one-line cause of an error Ray re-raised, and
+what a run prints (quiet by default).
+
+Quiet (the default of `winnow generate`; `--progress` turns it off): no Ray Data progress (bars on a terminal, their
+logged form otherwise) and none of its INFO lines on the console (they still go to Ray Data's log file under the
+session's logs/ray-data), no worker tracebacks Ray Data logs for a failed task (the command says the cause in one
+line), no RayDeprecationWarning for the pipeline's own calls, no progress bars of model loading on the workers of a
+local Ray and none of Ray Data's warnings there (HF_HUB_DISABLE_PROGRESS_BARS, TQDM_DISABLE, RAY_DATA_LOG_LEVEL=ERROR,
+set before the driver starts its Ray, so its workers inherit them; a variable the user set is kept), and Ray's own
+INFO lines ("Started a local Ray instance") off. Warnings and errors of Ray and errors of the workers still show.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
 import re
+import warnings
 
-import ray.data
+PROGRESS = {"on": False}  # whether Ray Data's progress and INFO lines are shown (winnow generate --progress)
+# For the workers of a local Ray: no progress bars (transformers' weight loading, tqdm), and Ray Data's own
+# warnings off (e.g. its reader's "falling back to json.load" before a bad line the command names itself)
+QUIET_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TQDM_DISABLE": "1", "RAY_DATA_LOG_LEVEL": "ERROR"}
+# Ray Data's console lines that repeat, with a traceback, a failure the command reports itself in one line
+_TRACE_LINES = ("Exception occurred in", "An exception was raised from a task of operator",
+                "Progress bars disabled", "Full stack trace")
+
+
+def set_progress(on: bool) -> None:
+    """Choose what a run prints (module docstring); call before Ray starts, so that a local Ray's workers inherit
+    the environment that keeps their progress bars off."""
+    PROGRESS["on"] = on
+    if not on:
+        for key, value in QUIET_ENV.items():
+            os.environ.setdefault(key, value)
+
+
+def ray_init_options() -> dict:
+    """Keyword arguments of `ray.init` for the chosen output: Ray's own INFO lines only with progress."""
+    return {} if PROGRESS["on"] else {"logging_level": logging.WARNING}
+
+
+class _DropTraces(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not any(line in record.getMessage() for line in _TRACE_LINES)
+
+
+def quiet_ray_data() -> None:
+    """Apply the chosen output to Ray Data in this process (idempotent; Ray Data may have set up its logging again)."""
+    if PROGRESS["on"]:
+        return
+    import ray.data
+
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    for handler in logging.getLogger("ray.data").handlers:
+        if handler.name == "console":
+            handler.setLevel(logging.WARNING)
+            if not any(isinstance(f, _DropTraces) for f in handler.filters):
+                handler.addFilter(_DropTraces())
+
+
+@contextlib.contextmanager
+def own_deprecations():
+    """Hide RayDeprecationWarning for the pipeline's own Ray calls unless progress is on (pyproject pins Ray below
+    the version that removes what they use; the notice is for the developers, in the code, not for every run)."""
+    with warnings.catch_warnings():
+        if not PROGRESS["on"]:
+            from ray.util.annotations import RayDeprecationWarning
+
+            warnings.simplefilter("ignore", RayDeprecationWarning)
+        yield
 
 
 @contextlib.contextmanager
 def data_context(preserve_order: bool | None = None, **changes):
-    """Set DataContext attributes (and `execution_options.preserve_order`) for the block, then restore them."""
+    """Set DataContext attributes (and `execution_options.preserve_order`) for the block, then restore them; Ray
+    Data's output follows `set_progress`."""
+    import ray.data
+
+    quiet_ray_data()
     ctx = ray.data.DataContext.get_current()
     old = {name: getattr(ctx, name) for name in changes}
     old_order = ctx.execution_options.preserve_order

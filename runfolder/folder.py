@@ -12,8 +12,9 @@ Layout (local folder or any fsspec URL, e.g. s3://bucket/prefix):
   file is written, renamed to ``*.parquet`` once it is). A data file counts as written only when its checkpoint
   is committed; a resumed run deletes data files whose checkpoint is still pending, then skips committed ids.
   `settle_checkpoints` runs first, so that a commit cut short on an object store never loses a committed file.
-- ``_checkpoint_orphans/``: only after a repair: committed checkpoints whose data files were gone, moved aside (see
-  `settle_checkpoints`) so that their prompts are generated again; kept as a record, never read.
+- ``_checkpoint_orphans/``: only after a repair: committed checkpoints whose data files were gone or damaged, moved
+  aside (see `settle_checkpoints`) so that their prompts are generated again, the damaged data files in its
+  ``damaged/``; kept as a record, never read.
 
 Listings are always read fresh from the store (`RunFolder.refresh`): s3fs caches directory listings per process, and
 a listing from before a run would hide the files the run wrote.
@@ -24,25 +25,30 @@ from __future__ import annotations
 import json
 import os
 import posixpath
+import re
 import uuid
 from dataclasses import dataclass, field
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 from pydantic import ValidationError
 
 from runfolder.lease import LEASE_FILE, held_message, holder_of, lease_path
+from runfolder.paths import HOLDS, INSIDE, SAME, relation
 from schemas.base import InputError
 from schemas.config import JobConfig
 from schemas.manifest import CostTotals, Manifest
 from schemas.rows import COST_FIELDS
-from stores.filesystems import filesystem
+from stores.filesystems import bucket_message, filesystem, missing_bucket
 
 PENDING = ".pending.parquet"
 PROMPTS_DIR = "prompts"  # the normalised prompt set, Parquet files written by Ray tasks
 PROMPTS_DONE = "_COMPLETE.json"  # in prompts/, written last: the set is whole
 LEGACY_PROMPTS = "prompts.parquet"  # the single file earlier versions wrote; still read
 ORPHANS = "_checkpoint_orphans"
+DAMAGED = "damaged"  # in ORPHANS: committed data files that could not be read, moved aside
 
 
 def refresh(fs, path: str) -> None:
@@ -166,8 +172,16 @@ class RunFolder:
     # -- writing ----------------------------------------------------------------------------------------------------
 
     def clear(self) -> None:
-        """Delete everything in the folder but its lease (held by the run that clears it)."""
-        for entry in self.entries():
+        """Delete everything in the folder but its lease (held by the run that clears it), in an order that a kill
+        at any point leaves a folder the next command can still take: the data files first (a committed checkpoint
+        without its data is regenerated, see `settle_checkpoints`), the checkpoint after everything else, and
+        manifest.json last, so the folder is a Winnow run folder (and --overwrite can clear it) until it is empty."""
+        entries = self.entries()
+        names = {posixpath.basename(e.rstrip("/")): e for e in entries}
+        first = [names[n] for n in ("candidates",) if n in names]
+        last = [names[n] for n in ("_checkpoint", "manifest.json") if n in names]
+        middle = [e for e in entries if e not in first and e not in last]
+        for entry in first + middle + last:
             self.fs.rm(entry, recursive=True)
         self.refresh()
 
@@ -192,6 +206,125 @@ class RunFolder:
             LEGACY_PROMPTS)
         return pads.dataset(path, filesystem=self.fs, format="parquet").to_table(
             columns=["prompt_id"]).column("prompt_id").to_pylist()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Run folders inside run folders, and what killed runs left behind
+
+
+def is_run_folder(fs, path: str) -> bool:
+    """Whether `path` holds a manifest.json that is a Winnow manifest (`schemas.manifest.Manifest`)."""
+    manifest = posixpath.join(path, "manifest.json")
+    try:
+        if not fs.isfile(manifest):
+            return False
+        with fs.open(manifest, "rb") as f:
+            Manifest.model_validate(json.loads(f.read().decode("utf-8")))
+    except (ValueError, UnicodeDecodeError, ValidationError, FileNotFoundError):
+        return False
+    return True
+
+
+def holds_run_folder(fs, path: str, below_only: bool = False, maxdepth: int | None = None) -> str | None:
+    """The first Winnow run folder at or under `path` (strictly under it with `below_only`; searched `maxdepth`
+    levels down, all of it when None), or None."""
+    refresh(fs, path)
+    if not fs.isdir(path):
+        return None
+    if not below_only and is_run_folder(fs, path):
+        return fs.unstrip_protocol(path) if not _is_local_fs(fs) else path
+    found = sorted(p for p in fs.find(path, maxdepth=maxdepth) if posixpath.basename(p) == "manifest.json")
+    for manifest in found:
+        inner = posixpath.dirname(manifest)
+        if inner.rstrip("/") != path.rstrip("/") and is_run_folder(fs, inner):
+            return fs.unstrip_protocol(inner) if not _is_local_fs(fs) else inner
+    return None
+
+
+def _is_local_fs(fs) -> bool:
+    p = fs.protocol
+    return "file" in ((p,) if isinstance(p, str) else p)
+
+
+def enclosing_run_folder(folder: RunFolder) -> str | None:
+    """The Winnow run folder that `folder` sits inside (a parent holding a Winnow manifest.json), or None."""
+    path = folder.path
+    while True:
+        parent = posixpath.dirname(path.rstrip("/"))
+        if not parent or parent == path or (not folder.local and "/" not in parent):  # the root, or an S3 bucket
+            return None
+        path = parent
+        refresh(folder.fs, path)
+        if is_run_folder(folder.fs, path):
+            return path if folder.local else folder.fs.unstrip_protocol(path)
+
+
+def nesting_problems(folder: RunFolder, source: str | None = None, source_shown: str | None = None) -> list[str]:
+    """Why `folder` may not be a run folder here: it sits inside another run folder (a run created inside another
+    run's prompts/ breaks that run's resume), it holds one below it, or it is, holds or sits inside the data source
+    (`source`, a resolved local path or URL; shown as `source_shown`)."""
+    where = f"output.path: {folder.uri}"
+    problems = []
+    outer = enclosing_run_folder(folder)
+    if outer is not None:
+        problems.append(f"{where} is inside the run folder {outer}; a run folder inside another breaks that run's "
+                        "resume: choose a path outside it")
+    # a run folder's own files are searched whole; any other folder (refused anyway when it is not empty, and
+    # perhaps as large as a home directory) four levels down
+    depth = None if is_run_folder(folder.fs, folder.path) else 4
+    inner = holds_run_folder(folder.fs, folder.path, below_only=True, maxdepth=depth)
+    if inner is not None:
+        problems.append(f"{where} holds the run folder {inner}; run folders are never nested: choose another path")
+    if source is not None:
+        try:
+            how = relation(folder.uri, source)
+        except (InputError, ValueError, ImportError):  # a source of a store this machine cannot name: apart
+            how = None
+        what = {SAME: "is", INSIDE: "is inside", HOLDS: "holds"}.get(how)
+        if what:
+            problems.append(f"{where} {what} the data source data.source: {source_shown or source}; a run never "
+                            "writes into or clears its own input: choose an output.path apart from it")
+    return problems
+
+
+_STAGED = re.compile(r"\.prompts-[0-9a-f]{12}$")
+_TMP_MANIFEST = re.compile(r"^\.manifest\.json\.[0-9a-f]{8}\.tmp$")
+
+
+def clean_leftovers(folder: RunFolder, keep: str | None = None) -> list[str]:
+    """Remove what runs of this folder that were killed left behind; one line per thing removed. Call only while
+    holding the folder's lease: every such file was made by a holder of that lease, so its maker is gone.
+
+    - ``RUN.prompts-<hex>`` beside the folder: a prompt set staged by a run killed before moving it in (`keep`, the
+      staging of this run, is kept). A sibling holding a manifest.json is never touched.
+    - ``RUN/.manifest.json.<hex>.tmp``: a manifest write cut between its write and its rename.
+    """
+    fs = folder.fs
+    parent = posixpath.dirname(folder.path)
+    base = posixpath.basename(folder.path)
+    lines = []
+    refresh(fs, parent)
+    try:
+        siblings = fs.ls(parent, detail=False) if parent else []
+    except FileNotFoundError:
+        siblings = []
+    for p in siblings:
+        p = p.rstrip("/")
+        name = posixpath.basename(p)
+        m = _STAGED.search(name)
+        if not m or name[: m.start()] != base or (keep and p == keep.rstrip("/")):
+            continue
+        if fs.isdir(p) and not fs.isfile(posixpath.join(p, "manifest.json")):
+            fs.rm(p, recursive=True)
+            lines.append(f"removed {p}, a prompt set staged by a run that was killed before it moved it in")
+    if fs.isdir(folder.path):
+        for p in fs.ls(folder.path, detail=False):
+            if _TMP_MANIFEST.match(posixpath.basename(p.rstrip("/"))):
+                fs.rm(p)
+                lines.append(f"removed {p}, a manifest write cut short by a kill")
+    if lines:
+        refresh(fs, parent)
+    return lines
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -269,9 +402,11 @@ def claim_problems(folder: RunFolder, config: JobConfig, overwrite: bool) -> tup
 def write_problem(folder: RunFolder) -> str | None:
     """Why a local `folder` cannot be created or written into (a file where a parent folder should be, or no write
     permission on the folder or on its nearest existing parent), or None. Checked from permissions, writing
-    nothing. Object stores are not checked here: their permissions show only when a write is tried."""
+    nothing. Of an object store only the bucket is checked (it must exist): permissions show only when a write is
+    tried."""
     if not folder.local:
-        return None
+        bucket = missing_bucket(folder.fs, folder.path)
+        return f"output.path: {folder.uri}: {bucket_message(bucket)}" if bucket else None
     where = f"output.path: {folder.uri}"
     nearest = folder.path
     while not os.path.lexists(nearest):
@@ -313,6 +448,9 @@ class Tally:
     cost: dict = field(default_factory=lambda: {k: 0 for k in COST_FIELDS})
     rows_without_cost: int = 0  # rows whose cost (or a field of it) is null; left out of `cost`
     reward_inputs_truncated: int = 0  # stats.reward_inputs_truncated summed over rows
+    generated_tokens: int = 0  # stats.generated_tokens summed: tokens the candidates generated (not prefill, reward)
+    candidates: int = 0  # candidates started, over rows
+    rejected: int = 0  # candidates whose finish_reason is "rejected" (stopped by a Speculative Rejection cut)
 
     def mean_best_reward(self) -> float | None:
         return sum(self.best_rewards) / len(self.best_rewards) if self.best_rewards else None
@@ -386,11 +524,19 @@ def settle_checkpoints(folder: RunFolder) -> list[str]:
     5. Ray's own recovery cut between deleting the data files and deleting the pending checkpoints: a pending
        checkpoint without data files; the next recovery deletes it. Left to Ray.
 
-    And one repair, for a folder that an earlier Winnow (without step 3's fix) already damaged: a committed
-    checkpoint with no data file of its own records prompts that are in no file and that would be skipped
-    forever. It is moved aside to ``_checkpoint_orphans/`` (kept, never read), so those prompts are generated
-    again. No write task commits without a data file (Ray writes a checkpoint only for a non-empty block, and the
-    block's file before committing), and nothing is writing while this runs (it runs before the pipeline).
+    And two repairs of committed writes whose data is not what the checkpoint records, which would otherwise be
+    skipped forever:
+
+    - a committed checkpoint with no data file of its own (a folder that an earlier Winnow, without step 3's fix,
+      damaged): its prompts are in no file. The checkpoint is moved aside to ``_checkpoint_orphans/`` (kept, never
+      read), so those prompts are generated again. No write task commits without a data file (Ray writes a
+      checkpoint only for a non-empty block, and the block's file before committing);
+    - a committed data file that is damaged (cut short, 0 bytes, not Parquet, or holding other prompt_ids than its
+      checkpoint; a disk that filled or a copy cut short): the data file goes to ``_checkpoint_orphans/damaged/``
+      and its checkpoint to ``_checkpoint_orphans/``, so its prompts are generated again. A read that fails because
+      the store does not answer is raised instead, and nothing is moved.
+
+    Nothing is writing while this runs (it runs before the pipeline, under the folder's lease).
     """
     fs = folder.fs
     ckpt, data = folder.join("_checkpoint"), folder.join("candidates")
@@ -406,25 +552,72 @@ def settle_checkpoints(folder: RunFolder) -> list[str]:
             names.discard(name)
             lines.append(f"_checkpoint/{twin} is committed but its pending copy {name} was left behind (a commit "
                          "cut between its copy and its delete); removed the stale pending file, kept the data file")
-    data_names = [posixpath.basename(p) for p in fs.find(data)] if fs.isdir(data) else []
+    by_base: dict[str, list[str]] = {}  # data files by the checkpoint base they belong to (`_is_data_file_of`)
+    for p in sorted(fs.find(data)) if fs.isdir(data) else []:
+        name = posixpath.basename(p)
+        stem = name[: -len(".parquet")] if name.endswith(".parquet") else None
+        if stem is not None:
+            by_base.setdefault(stem, []).append(p)
+            head, _, tail = stem.rpartition("-")
+            if head and tail.isdigit():
+                by_base.setdefault(head, []).append(p)
     for name in sorted(n for n in names if n.endswith(".parquet") and not n.endswith(PENDING)):
         base = name[: -len(".parquet")]
-        if not any(_is_data_file_of(d, base) for d in data_names):
+        own = [p for p in by_base.get(base, []) if _is_data_file_of(posixpath.basename(p), base)]
+        if not own:
             fs.makedirs(folder.join(ORPHANS), exist_ok=True)
             fs.mv(posixpath.join(ckpt, name), folder.join(ORPHANS, name))
             lines.append(f"_checkpoint/{name} is committed but its data file is gone (deleted by an earlier run's "
                          f"recovery); moved it to {ORPHANS}/ so that its prompts are generated again")
+            continue
+        damage = _damage(fs, posixpath.join(ckpt, name), own)
+        if damage is not None:
+            fs.makedirs(folder.join(ORPHANS, DAMAGED), exist_ok=True)
+            for p in own:
+                fs.mv(p, folder.join(ORPHANS, DAMAGED, posixpath.basename(p)))
+            fs.mv(posixpath.join(ckpt, name), folder.join(ORPHANS, name))
+            shown = ", ".join(f"candidates/{posixpath.relpath(p, data)}" for p in own)
+            lines.append(f"{shown} is damaged ({damage}); moved it to {ORPHANS}/{DAMAGED}/ and its checkpoint "
+                         f"_checkpoint/{name} to {ORPHANS}/, so that its prompts are generated again")
     if lines:
         refresh(fs, folder.path)
     return lines
 
 
+def _damage(fs, checkpoint: str, files: list[str]) -> str | None:
+    """Why the data files of a committed checkpoint do not hold exactly its prompt_ids (cut short, empty, not
+    Parquet, or other rows), or None. Only the files' own faults count: an error of the store itself (OSError) is
+    raised, so that an outage never has good files moved aside."""
+    ids: list[str] = []
+    for p in files:
+        try:
+            with fs.open(p, "rb") as f:
+                ids += pq.read_table(f, columns=["prompt_id"]).column("prompt_id").to_pylist()
+        except pa.ArrowException as err:  # ArrowInvalid: 0 bytes, no magic bytes, a cut footer or page
+            return f"not readable as Parquet: {str(err).splitlines()[0]}"
+    try:
+        with fs.open(checkpoint, "rb") as f:
+            want = pq.read_table(f, columns=["prompt_id"]).column("prompt_id").to_pylist()
+    except pa.ArrowException as err:
+        return f"its checkpoint is not readable as Parquet: {str(err).splitlines()[0]}"
+    if sorted(ids) != sorted(want):
+        return f"it holds {len(ids)} row(s) where its checkpoint records {len(want)} prompt(s)"
+    return None
+
+
 def tally(folder: RunFolder) -> Tally:
-    """Count the committed rows of the folder: rows, errors, best rewards, summed cost, reward inputs cut."""
+    """Count the committed rows of the folder: rows, errors, best rewards, summed cost, reward inputs cut, generated
+    tokens, candidates and rejected candidates."""
     t = Tally()
     for path in committed_files(folder):
-        with folder.fs.open(path, "rb") as f:  # file by file: files of older versions may lack newer stats fields
-            table = pq.read_table(f, columns=["prompt_id", "error", "best_reward", "cost", "stats"])
+        try:
+            with folder.fs.open(path, "rb") as f:  # file by file: files of older versions may lack newer stats fields
+                parquet = pq.ParquetFile(f)
+                leaves = [parquet.schema.column(i).path for i in range(len(parquet.schema))]
+                reason = [p for p in leaves if p.startswith("candidates.") and p.endswith(".finish_reason")][:1]
+                table = parquet.read(columns=["prompt_id", "error", "best_reward", "cost", "stats", *reason])
+        except pa.ArrowException as err:
+            raise DamagedFile(path, err) from None
         t.rows += table.num_rows
         t.ids += table.column("prompt_id").to_pylist()
         errors = table.column("error").to_pylist()
@@ -439,7 +632,24 @@ def tally(folder: RunFolder) -> Tally:
                 t.cost[k] += c[k]
         for s in table.column("stats").to_pylist():
             t.reward_inputs_truncated += (s or {}).get("reward_inputs_truncated") or 0  # null: no reward model
+            t.generated_tokens += (s or {}).get("generated_tokens") or 0
+        if "candidates" in table.column_names:  # only the finish_reason of each candidate is read, not its text
+            flat = pc.list_flatten(table.column("candidates"))
+            t.candidates += len(flat)
+            if len(flat):
+                t.rejected += pc.sum(pc.equal(pc.struct_field(flat, "finish_reason"), "rejected")).as_py() or 0
     return t
+
+
+class DamagedFile(RuntimeError):
+    """A committed data file that cannot be read (`settle_checkpoints` moves such files aside before a run; this is
+    one damaged after that, e.g. while the run was going)."""
+
+    def __init__(self, path: str, err: BaseException):
+        self.path = path
+        super().__init__(f"{path} cannot be read ({type(err).__name__}: {str(err).splitlines()[0]}); run the same "
+                         f"command again: a damaged data file is moved to {ORPHANS}/{DAMAGED}/ and its prompts are "
+                         "generated again")
 
 
 def exactly_once_problems(expected: list[str], written: list[str]) -> list[str]:

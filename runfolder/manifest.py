@@ -73,13 +73,17 @@ def new_manifest(config: JobConfig, prompts: int, parameters: ParameterCounts | 
     )
 
 
+def counted(manifest: Manifest, config: JobConfig, t: Tally, **changes) -> Manifest:
+    """The manifest with the folder's tallies (`t`: rows, errors, cost, reward inputs cut) and `changes`."""
+    data = manifest.model_dump()
+    data.update(rows=t.rows, errors=t.errors, cost=t.cost_totals(config.cost.usd_per_device_hour),
+                reward_inputs_truncated=t.reward_inputs_truncated, **changes)
+    return Manifest.model_validate(data)
+
+
 def finish_manifest(manifest: Manifest, folder: RunFolder, config: JobConfig, t: Tally, status: str,
                     error: str | None = None) -> Manifest:
     """Rewrite the manifest with the end time, the status and the folder's tallies (`t`)."""
-    data = manifest.model_dump()
-    data.update(status=status, finished_at=now(), rows=t.rows, errors=t.errors,
-                cost=t.cost_totals(config.cost.usd_per_device_hour), error=error,
-                reward_inputs_truncated=t.reward_inputs_truncated)
-    out = Manifest.model_validate(data)
+    out = counted(manifest, config, t, status=status, finished_at=now(), error=error)
     folder.write_manifest(out)
     return out

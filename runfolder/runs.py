@@ -22,6 +22,7 @@ from runfolder.lease import holder_of, lease_path
 from schemas.base import InputError
 from schemas.manifest import Manifest
 from schemas.rows import ROW_SCHEMA
+from stores.filesystems import bucket_message, missing_bucket
 
 # Columns the tools read; others (new ones the job adds) are ignored.
 READ_COLUMNS = ["prompt_id", "prompt", "method", "candidates", "best_index", "best_text", "best_reward", "cost",
@@ -183,7 +184,8 @@ def load_run(uri: str) -> Run:
     uri = normalise_uri(uri)
     fs, path = store(uri)
     if not fs.isdir(path):
-        raise InputError(f"{uri}: run folder not found")
+        bucket = missing_bucket(fs, path)
+        raise InputError(f"{uri}: {bucket_message(bucket) if bucket else 'run folder not found'}")
     manifest_path = posixpath.join(path, "manifest.json")
     if not fs.isfile(manifest_path):
         raise InputError(f"{uri}/manifest.json: not found; is {uri} a run folder?")

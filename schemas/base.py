@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
+import typing
+
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 
@@ -43,19 +46,25 @@ def register_union_tags(tags) -> None:
     _UNION_TAGS.update(tags)
 
 
-def describe_validation_error(err: ValidationError) -> list[str]:
-    """One message per error: ``field.path: rule (got value)``."""
+def describe_validation_error(err: ValidationError, model: type[BaseModel] | None = None) -> list[str]:
+    """One message per error: ``field.path: rule (got value)``. Given the validated `model`, an unknown key is
+    answered with the section's close spellings ("did you mean 'alpha'?", difflib) or, when it is a field of another
+    variant of a discriminated union (``path`` under a ``logprob`` reward), with the variants it belongs to."""
     out = []
     for e in err.errors(include_url=False):
         loc = _loc(tuple(e["loc"]))
         msg = e["msg"]
         if e["type"] == "extra_forbidden":
-            msg = "unknown key (not a field of this section; check its spelling)"
+            msg = unknown_key_message(model, tuple(e["loc"])) if model is not None else None
+            msg = msg or "unknown key (not a field of this section; check its spelling)"
         elif e["type"] == "missing":
             msg = "required field is missing"
         elif e["type"] == "union_tag_invalid":
             ctx = e.get("ctx", {})
             msg = f"unknown value {ctx.get('tag')!r}; expected one of {ctx.get('expected_tags')}"
+            close = difflib.get_close_matches(str(ctx.get("tag")), _tags_of(ctx.get("expected_tags")), n=1)
+            if close:
+                msg += f" (did you mean {close[0]!r}?)"
         elif e["type"] == "union_tag_not_found":
             msg = f"field {e.get('ctx', {}).get('discriminator', 'name')} is required to pick the variant"
         got = e.get("input")
@@ -63,6 +72,73 @@ def describe_validation_error(err: ValidationError) -> list[str]:
             msg = f"{msg} (got {got!r})"
         out.append(f"{loc}: {msg}")
     return out
+
+
+def _tags_of(expected) -> list[str]:
+    """The tags of pydantic's ``expected_tags`` context ("'a', 'b'")."""
+    return [t.strip().strip("'\"") for t in str(expected or "").split(",") if t.strip()]
+
+
+def _models_in(annotation) -> list[type[BaseModel]]:
+    """The pydantic models an annotation can hold (through Optional, Union, Annotated and lists)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    out: list[type[BaseModel]] = []
+    for arg in typing.get_args(annotation):
+        out += [m for m in _models_in(arg) if m not in out]
+    return out
+
+
+def _tag_of(model: type[BaseModel], tag: str) -> str | None:
+    """The field of a union variant whose Literal type holds `tag` (its discriminator: kind, name), or None."""
+    for name, info in model.model_fields.items():
+        if typing.get_origin(info.annotation) is typing.Literal and tag in typing.get_args(info.annotation):
+            return name
+    return None
+
+
+def unknown_key_message(model: type[BaseModel], loc: tuple) -> str | None:
+    """Why the key at `loc` is not a field of its section, with a hint: a close spelling of one of the section's
+    fields, or the other variants of a discriminated union that have it; None when `loc` cannot be followed."""
+    *parents, key = loc
+    current: list[type[BaseModel]] = [model]
+    variants: list[type[BaseModel]] = []  # the union the section is a variant of
+    tag = section = None
+    for item in parents:
+        if isinstance(item, int):
+            continue
+        if len(current) > 1:  # a discriminated union: pydantic puts the variant's tag in the location
+            variants, current = current, [m for m in current if _tag_of(m, item)]
+            tag = item
+            if len(current) != 1:
+                return None
+            continue
+        info = current[0].model_fields.get(item)
+        if info is None:
+            return None
+        section, tag, variants = item, None, []
+        current = _models_in(info.annotation)
+    if len(current) != 1:
+        return None
+    disc = _tag_of(current[0], tag) if tag is not None else None
+    holders = [t for m in variants if disc and str(key) in m.model_fields
+               for t in typing.get_args(m.model_fields[disc].annotation)]
+    what = f"{section} {disc}" if disc != "name" else section
+    if not holders:  # spelled as no variant spells it: perhaps misspelt
+        close = difflib.get_close_matches(str(key), list(current[0].model_fields), n=3, cutoff=0.6)
+        if close:
+            return "unknown key; did you mean " + " or ".join(repr(c) for c in close) + "?"
+        others = {f: t for m in variants for t in typing.get_args(m.model_fields[disc].annotation)
+                  for f in m.model_fields if f != disc} if disc else {}
+        close = difflib.get_close_matches(str(key), list(others), n=1, cutoff=0.6)
+        if close:
+            return f"unknown key; did you mean {close[0]!r} (a field of {what} {others[close[0]]!r})?"
+        return None
+    names = ", ".join(repr(t) for t in holders[:-1]) + (" and " if holders[1:] else "") + repr(holders[-1])
+    use = holders[0] if len(holders) == 1 else "one of them"
+    plural = "s" if len(holders) > 1 else ""
+    return (f"{key!r} is a field of {what}{plural} {names}, not {tag!r} (set {_loc(tuple(parents))}.{disc}: {use} to "
+            "use it, or remove the key)")
 
 
 class InputError(Exception):

@@ -318,7 +318,7 @@ def validate_config(data: Any, source: str | None = None) -> JobConfig:
         return JobConfig.model_validate(data)
     except ValidationError as err:
         problems = []
-        for line in describe_validation_error(err):
+        for line in describe_validation_error(err, JobConfig):
             if _CROSS_MARK in line:
                 text = line.split(_CROSS_MARK, 1)[1]
                 text = re.sub(r" \(got .*\)$", "", text, flags=re.S)
@@ -331,6 +331,11 @@ def validate_config(data: Any, source: str | None = None) -> JobConfig:
 def load_config(path: str | Path, overrides: list[str] | None = None) -> JobConfig:
     """Read a YAML config, apply ``--set`` overrides, validate. Raises ConfigError on any problem."""
     path = Path(path)
+    if path.is_dir():
+        inside = sorted(p.name for p in path.glob("*.y*ml"))[:5]
+        hint = f" (it holds {', '.join(inside)})" if inside else ""
+        raise ConfigError([f"{path}: is a folder, not a config file; give the path of a YAML job config{hint}"],
+                          str(path))
     if not path.is_file():
         raise ConfigError([f"{path}: config file not found"], str(path))
     try:
@@ -339,8 +344,10 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> JobConf
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise ConfigError([f"{path}: malformed YAML{where}: {getattr(err, 'problem', err)}"], str(path)) from None
-    except UnicodeDecodeError:
-        raise ConfigError([f"{path}: not a text file"], str(path)) from None
+    except UnicodeDecodeError as err:
+        raise ConfigError([f"{path}: not UTF-8 text (byte {err.start}: {err.reason})"], str(path)) from None
+    except OSError as err:
+        raise ConfigError([f"{path}: cannot be read ({err.strerror or err})"], str(path)) from None
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):

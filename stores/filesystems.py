@@ -99,3 +99,19 @@ def filesystem(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
     else:
         fs, path = fsspec.core.url_to_fs(uri)
     return fs, path.rstrip("/") or path
+
+
+def missing_bucket(fs: fsspec.AbstractFileSystem, path: str) -> str | None:
+    """The bucket of `path` when `fs` is an S3 filesystem and the bucket does not exist (or these credentials cannot
+    see it: S3 answers both with 404 to a HEAD of the bucket), else None. Other stores have no buckets to check."""
+    protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
+    if not set(protocols) & set(S3_PROTOCOLS):
+        return None
+    bucket = path.split("/", 1)[0]
+    return None if not bucket or fs.exists(bucket) else bucket
+
+
+def bucket_message(bucket: str) -> str:
+    """The rest of a message for a `missing_bucket`, with the fix."""
+    return (f"the bucket {bucket!r} does not exist (or these credentials cannot see it); check its name and region, "
+            f"or create it first (aws s3 mb s3://{bucket})")

@@ -54,6 +54,21 @@ def test_validate_reports_every_problem_at_once(tmp_path, capsys):
     assert not (tmp_path / "run").exists()
 
 
+def test_validate_reads_a_local_data_source_as_generate_does_before_ray(tmp_path, capsys):
+    src = tmp_path / "p.jsonl"
+    src.write_text('{"id": "a", "prompt": "x"}\n{"id": "b" "prompt": "y"}\n')
+    path = write_config(tmp_path / "job.yaml", job_config(tmp_path, data={"source": str(src)},
+                                                           models={"target": str(tmp_path / "nope")}))
+    assert validate.main([str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"data.source: {src}: line 2 is not valid JSON (Expecting ',' delimiter, column 12)" in err
+    assert f"models.target: {tmp_path / 'nope'} does not exist" in err  # every problem at once
+    assert validate.main([str(path), "--schema-only"]) == 0
+    probe = "import sys, jobs.validate; print('ray' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True)
+    assert out.stdout.strip() == "False", out.stderr  # the checks need no Ray, not even its import
+
+
 @pytest.mark.parametrize("module", ["jobs.generate", "jobs.validate", "jobs.assets"])
 def test_module_entry_points(module):
     proc = subprocess.run([sys.executable, "-m", module, "--help"], cwd=ROOT, capture_output=True, text=True)

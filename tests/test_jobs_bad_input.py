@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import job_config, write_config, write_jsonl
+from conftest_runs import s3_endpoint  # noqa: F401 (fixture)
 from jobs import generate
 
 
@@ -206,3 +207,121 @@ def test_a_bad_store_setting_exits_2_naming_it(tmp_path, capsys, monkeypatch):
     status, err = run(tmp_path, capsys, job_config(tmp_path, output={"path": "s3://bucket/runs/x"}))
     assert status == 2, err
     assert "output.path: s3://bucket/runs/x: WINNOW_S3_MAX_ATTEMPTS='many': expected a whole number of attempts" in err
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Issue 22, group 4: the true cause, the file and the line, found before Ray starts where the driver can
+
+
+@pytest.fixture
+def no_ray(monkeypatch):
+    """Fail the test if `winnow generate` gets as far as starting or joining Ray."""
+    from pipeline import job
+
+    monkeypatch.setattr(job, "connect", lambda: pytest.fail("bad input must be found before Ray starts"))
+
+
+@pytest.mark.parametrize("content, problem", [
+    (b'{"id": "a", "prompt": "x"}\n{"id": "b", "prompt": "caf\xe9"}\n',
+     "line 2 is not UTF-8 text (invalid continuation byte at byte 53)"),
+    (b'{"id": "a", "prompt": "x"}\n\n{"id": "b", "prompt": "half \\ud83d of a pair"}\n',
+     "line 3 holds a lone surrogate \\ud83d in a string"),
+    (b'{"id": "a", "prompt": "x"}\n{"id": "b", "prompt": ]\n', "line 2 is not valid JSON (Expecting value, column 23)"),
+    (b'{"id": "a", "prompt": "x"}\n["b", "y"]\n', "line 2 is a JSON list; expected an object (one row per line)"),
+])
+def test_a_bad_jsonl_is_named_by_file_and_line_before_ray_starts(tmp_path, capsys, no_ray, content, problem):
+    src = tmp_path / "prompts.jsonl"
+    src.write_bytes(content)
+    status, err = run(tmp_path, capsys, job_config(tmp_path, data={"source": str(src)}))
+    assert_clean(tmp_path, status, err, f"data.source: {src}: {problem}")
+    assert "Traceback" not in err
+
+
+def test_missing_columns_and_cut_parquet_are_found_before_ray_starts(tmp_path, capsys, no_ray):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    src = write_jsonl(tmp_path / "p.jsonl", [{"uid": "a", "question": "x"}])
+    status, err = run(tmp_path, capsys, job_config(tmp_path, data={"source": str(src)}))
+    assert_clean(tmp_path, status, err, f"data.prompt_column: column 'prompt' is not in {src} (columns: uid, question)",
+                 f"data.id_column: column 'id' is not in {src}")
+    folder = tmp_path / "parts"
+    folder.mkdir()
+    pq.write_table(pa.table({"id": ["a"], "prompt": ["x"]}), folder / "a.parquet")
+    pq.write_table(pa.table({"id": ["b"], "prompt": ["y"]}), folder / "b.parquet")
+    (folder / "b.parquet").write_bytes((folder / "b.parquet").read_bytes()[:-30])
+    status, err = run(tmp_path, capsys, job_config(tmp_path, data={"source": str(folder)}))
+    assert_clean(tmp_path, status, err, f"data.source: {folder / 'b.parquet'}: not a readable parquet file (")
+
+
+def test_a_missing_s3_bucket_is_named_as_missing(s3_endpoint, tmp_path, capsys, monkeypatch):  # noqa: F811
+    monkeypatch.setenv("WINNOW_S3_MAX_ATTEMPTS", "1")
+    cfg = job_config(tmp_path, output={"path": "s3://no-such-bucket/runs/x"},
+                     data={"source": "s3://no-such-bucket-either/prompts.jsonl"},
+                     models={"draft": "s3://no-such-bucket/models/draft"})
+    status, err = run(tmp_path, capsys, cfg)
+    assert status == 2, err
+    for field, bucket in (("output.path: s3://no-such-bucket/runs/x", "no-such-bucket"),
+                          ("data.source: s3://no-such-bucket-either/prompts.jsonl", "no-such-bucket-either"),
+                          ("models.draft: s3://no-such-bucket/models/draft", "no-such-bucket")):
+        assert f"{field}: the bucket {bucket!r} does not exist (or these credentials cannot see it)" in err, err
+    assert "does not answer" not in err
+    from jobs import report
+    from conftest_runs import cand, row, write_run
+
+    run_dir = write_run(str(tmp_path / "r"), [row("p0", [cand("a", 1.0)])])
+    assert report.main([run_dir, "s3://no-such-bucket/r2", "--out", "s3://no-such-bucket/rep"]) == 2
+    err = capsys.readouterr().err
+    assert "s3://no-such-bucket/r2: the bucket 'no-such-bucket' does not exist" in err
+    assert "--out s3://no-such-bucket/rep: the bucket 'no-such-bucket' does not exist" in err
+
+
+@pytest.mark.parametrize("function", ["reward_fixtures:async_score", "reward_fixtures:async_object"])
+def test_an_async_python_reward_is_refused_before_the_run(tmp_path, capsys, no_ray, function):
+    cfg = job_config(tmp_path, models={"reward": {"kind": "python", "function": function}})
+    status, err = run(tmp_path, capsys, cfg)
+    assert_clean(tmp_path, status, err, f"models.reward.function: {function} is an async function (async def)",
+                 "asyncio.run(")
+
+
+def test_a_config_path_that_is_a_folder(tmp_path, capsys):
+    assert generate.main([str(tmp_path)]) == 2
+    assert f"{tmp_path}: is a folder, not a config file" in capsys.readouterr().err
+
+
+def test_cut_weights_and_hub_ids_are_answered_with_the_fix(tmp_path, capsys, no_ray):
+    import shutil
+
+    import assets
+
+    target = tmp_path / "target"
+    shutil.copytree(assets.builtin_path("tiny-target"), target)
+    whole = (target / "model.safetensors").read_bytes()
+    (target / "model.safetensors").write_bytes(whole[: len(whole) // 2])
+    cfg = job_config(tmp_path, models={"target": str(target), "draft": "HuggingFaceTB/SmolLM2-135M-Instruct"})
+    status, err = run(tmp_path, capsys, cfg)
+    assert_clean(tmp_path, status, err,
+                 f"models.target: {target}/model.safetensors is cut short: {len(whole) // 2} bytes where its header "
+                 f"describes {len(whole)}; download the model again",
+                 "models.draft: HuggingFaceTB/SmolLM2-135M-Instruct is not a folder here; it looks like a Hugging Face "
+                 "Hub id", "`hf download HuggingFaceTB/SmolLM2-135M-Instruct --local-dir DIR`",
+                 "set models.draft: DIR")
+
+
+@pytest.mark.slow
+def test_a_bad_line_of_a_remote_source_is_one_clear_line_without_ray_tracebacks(s3_endpoint, tmp_path):  # noqa: F811
+    """A remote file is read by Ray (the driver does not download it first); its bad line is still named by file and
+    line, and what Ray and its workers log about the failed read (tracebacks, the reader's fallback) is not shown."""
+    import s3fs
+
+    from conftest import winnow
+
+    s3fs.S3FileSystem().pipe_file("winnow-test/src/p.jsonl", b'{"id": "a", "prompt": "x"}\n{"id": "b", "prompt": ]\n')
+    cfg = write_config(tmp_path / "job.yaml", job_config(tmp_path, data={"source": "s3://winnow-test/src/p.jsonl"}))
+    out = winnow("generate", str(cfg))
+    text = out.stdout + out.stderr
+    assert out.returncode == 2, text[-3000:]
+    assert "data.source: s3://winnow-test/src/p.jsonl: line 2 is not valid JSON (Expecting value, column 23)" in text
+    for noise in ("Traceback", "Exception occurred", "json.load", "ERROR", "File \""):
+        assert noise not in text, text[-3000:]
+    assert not (tmp_path / "run").exists()

@@ -57,13 +57,25 @@ def test_quickstart_on_two_local_workers(tmp_path):
     assert m["cost"]["device_seconds"] == pytest.approx(device_s)
     assert m["cost"]["usd"] == pytest.approx(device_s / 3600 * 2.0)
     table = first.stdout
-    assert "| prompts | errors | mean best reward | tokens | device-seconds | USD" in table
-    assert "|       6 |      0 |" in table
+    assert ("| prompts | errors | mean best reward | generated tokens | candidates | rejected | device-seconds | USD"
+            in table)
+    generated = sum((r["stats"] or {}).get("generated_tokens") or 0 for r in rows)
+    cells = [c.strip() for c in table.split("|---")[-1].splitlines()[1].split("|")[1:-1]]
+    assert cells[:6] == ["6", "0", f"{sum(r['best_reward'] for r in rows) / 6:.4f}", str(generated),
+                         str(6 * m["config"]["method"]["n"]), str(len(rejected))]
+    assert "no candidate was rejected" not in table
+    # quiet by default: no Ray Data progress or INFO lines, no model-loading bars, no deprecation warnings, and
+    # the driver says it started its own Ray
+    assert "winnow generate: started a local Ray (" in first.stdout
+    for noise in ("INFO", "Loading weights", "RayDeprecationWarning", "Running Dataset", "joined the Ray cluster"):
+        assert noise not in first.stdout + first.stderr, noise
 
     files = sorted(p.name for p in (run / "candidates").iterdir())
-    again = winnow(*args)
+    again = winnow(*args, "--progress", env={"RAY_ADDRESS": "local"})  # RAY_ADDRESS=local starts a Ray too
     assert again.returncode == 0, again.stderr[-3000:]
     assert "6 already written; nothing left to generate" in again.stdout
+    assert "winnow generate: started a local Ray (" in again.stdout and "joined" not in again.stdout
+    assert "Started a local Ray instance" in again.stdout + again.stderr  # Ray's INFO line, with --progress
     assert sorted(p.name for p in (run / "candidates").iterdir()) == files
     assert manifest_of(run)["rows"] == 6
 

@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from conftest import ROOT, job_config, write_jsonl
+from conftest_runs import s3_endpoint  # noqa: F401 (fixture)
 
 from pipeline.prompts import (
     INPUT_SCHEMA,
@@ -444,3 +445,86 @@ def test_the_scale_bench_prints_and_records_its_figures(tmp_path):
     assert figures["stream 3000"]["rows"] == figures["gather 3000"]["rows"] == 3000
     assert figures["gather 3000"]["same rows"] is True
     assert figures["stream 3000"]["peak_mb"] >= 0 and figures["gather 3000"]["seconds"] > 0
+
+
+# -- columns that mix types (issue 22): what pyarrow's JSON reader refuses, read line by line ------------------------
+
+MIXED = [{"id": 1, "prompt": "one"}, {"id": "b", "prompt": [{"role": "user", "content": "two"}]},
+         {"id": 3, "prompt": "three", "extra": {"nested": True}}, {"id": "1", "prompt": "a repeat of id 1"},
+         {"id": 5.5, "prompt": "a float id"}, {"id": None, "prompt": "no id"}, {"id": 7, "prompt": "seven",
+                                                                                "extra": "now a string"}]
+
+
+def test_integer_and_string_ids_mixed_in_one_jsonl_become_strings(ray_session, tmp_path):
+    """The README allows integer and string ids; pyarrow types a column from its first values and refused the
+    file ("JSONDecodeError: Extra data", from Ray's fallback). Every line is a JSON object, so it is read line by
+    line: the ids become strings, a prompt may be a string on one line and messages on the next."""
+    from pipeline.prompts import check_source
+
+    src = write_jsonl(tmp_path / "mixed.jsonl", MIXED)
+    cfg = config_for(tmp_path, src)
+    source = check_source(cfg)
+    assert source.reader == "python" and "column 'id' holds numbers (line 1) and strings (line 2)" in source.why_python
+    table = load_prompts(cfg)
+    rows = table.to_pylist()
+    assert [r["prompt_id"] for r in rows] == ["1", "b", "3", "1#dup1", "<no id>", "<no id>#dup1", "7"]
+    assert rows[1]["prompt"] == [{"role": "user", "content": "two"}] and rows[1]["input_error"] is None
+    assert rows[3]["input_error"] == "duplicate prompt_id '1': first seen at row 0; only that one runs"
+    assert rows[4]["input_error"] == "id column 'id' holds a number; expected a string or an integer"
+    assert _written(cfg, tmp_path / "out", chunk_rows=2, partitions=2).equals(table)
+    assert _ids(load_prompts(config_for(tmp_path, src, limit=2))) == ["1", "b"]
+
+
+def test_files_that_type_the_id_column_apart_and_csv_ids_mixing_numbers_and_names(ray_session, tmp_path):
+    from pipeline.prompts import check_source
+
+    folder = tmp_path / "parts"
+    folder.mkdir()
+    write_jsonl(folder / "a.jsonl", [{"id": 1, "prompt": "x"}, {"id": 2, "prompt": "y"}])
+    write_jsonl(folder / "b.jsonl", [{"id": "c", "prompt": "z"}])
+    cfg = config_for(tmp_path, folder)
+    assert check_source(cfg).reader == "python"
+    assert _ids(load_prompts(cfg)) == ["1", "2", "c"]
+    csv = tmp_path / "p.csv"
+    csv.write_text("id,prompt\n" + "".join(f"{i},prompt {i}\n" for i in range(5)) + "x9,prompt x\n")
+    assert _ids(load_prompts(config_for(tmp_path, csv))) == ["0", "1", "2", "3", "4", "x9"]
+
+
+LOAD_IDS = """
+import json, sys
+import ray
+from pipeline.prompts import load_prompts
+from schemas.config import validate_config
+ray.init(num_cpus=2, include_dashboard=False)
+print(json.dumps(load_prompts(validate_config(json.loads(sys.argv[1]))).column("prompt_id").to_pylist()))
+"""
+
+
+@pytest.mark.slow
+def test_a_remote_jsonl_mixing_id_types_is_read_again_line_by_line(s3_endpoint, tmp_path):  # noqa: F811
+    """A remote source is not read by the driver before Ray: pyarrow's reader refuses it while Ray reads it, and
+    the driver then finds every line good JSON and reads it line by line. (A Ray of its own, started where the
+    moto server's address is in the environment, so that its workers reach it.)"""
+    import os
+
+    import s3fs
+
+    s3fs.S3FileSystem().pipe_file("winnow-test/mixed.jsonl", "".join(json.dumps(r) + "\n" for r in MIXED).encode())
+    cfg = job_config(tmp_path, data={"source": "s3://winnow-test/mixed.jsonl", "limit": None})
+    out = subprocess.run([sys.executable, "-c", LOAD_IDS, json.dumps(cfg)], cwd=ROOT, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.splitlines()[-1]) == ["1", "b", "3", "1#dup1", "<no id>", "<no id>#dup1", "7"]
+
+
+def test_the_driver_reads_lines_longer_than_its_reading_blocks(tmp_path):
+    from pipeline.prompts import check_source
+
+    long = "word " * 60_000  # a 300 KB prompt: longer than the first blocks the driver's check reads
+    src = write_jsonl(tmp_path / "long.jsonl", [{"id": "a", "prompt": long}, {"id": "b", "prompt": "short"}])
+    source = check_source(config_for(tmp_path, src))
+    assert source.reader == "arrow" and source.columns is None
+    src.write_text(src.read_text() + '{"id": "c", "prompt": }\n')
+    with pytest.raises(InputError) as err:
+        check_source(config_for(tmp_path, src))
+    assert err.value.problems == [f"data.source: {src}: line 3 is not valid JSON (Expecting value, column 23)"]

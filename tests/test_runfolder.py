@@ -290,3 +290,35 @@ def test_the_prompt_set_is_whole_only_once_marked_and_a_legacy_single_file_is_st
     pq.write_table(table, str(tmp_path / "old" / "prompts.parquet"))
     assert legacy.has_prompts() and legacy.read_prompt_ids() == ["a", "b", "c"]
     assert legacy.prompts_url() == str(tmp_path / "old" / "prompts.parquet")
+
+
+def test_the_tally_counts_generated_tokens_candidates_and_rejections_and_the_summary_shows_them(tmp_path):
+    from pipeline.job import summary_table
+
+    folder = RunFolder(str(tmp_path / "run"))
+    _write(folder, "w1_000000", ["a", "b"], committed=True)
+    data = Path(folder.path) / "candidates" / "w1_000000-0.parquet"
+    rows = pq.read_table(data).to_pylist()
+    cand = {"text": "t", "num_tokens": 5, "reward": 0.5, "finish_reason": "eos", "partial_rewards": []}
+    rows[0]["candidates"] = [cand, {**cand, "finish_reason": "rejected", "reward": None}, cand]
+    rows[0]["stats"]["generated_tokens"] = 15
+    rows[1]["candidates"] = [cand]
+    rows[1]["stats"]["generated_tokens"] = 5
+    pq.write_table(rows_to_table(rows), data)
+    t = tally(folder)
+    assert (t.generated_tokens, t.candidates, t.rejected) == (20, 4, 1)
+    sr = config(tmp_path, method={"name": "speculative_rejection", "n": 4, "alpha": 0.5})
+    table = summary_table(t, sr, new_rows=2, seconds=1.0)
+    head, _, cells, notes = table.splitlines()
+    assert [h.strip() for h in head.split("|")[1:-1]] == [
+        "prompts", "errors", "mean best reward", "generated tokens", "candidates", "rejected", "device-seconds", "USD"]
+    assert [c.strip() for c in cells.split("|")[1:-1]][3:6] == ["20", "4", "1"]
+    assert "all tokens processed = 20 (target 20 + draft 0 + reward 0" in notes
+    rows[0]["candidates"][1]["finish_reason"] = "length"
+    pq.write_table(rows_to_table(rows), data)
+    table = summary_table(tally(folder), sr, new_rows=0, seconds=1.0)
+    assert table.splitlines()[-1] == (
+        "no candidate was rejected: this run was Best-of-N at Speculative Rejection's price (the memory schedule never "
+        "reached its budget: lower method.memory_budget_mb, or use schedule: fixed)")
+    bon = config(tmp_path, method={"name": "best_of_n", "n": 4})
+    assert "no candidate was rejected" not in summary_table(tally(folder), bon, new_rows=0, seconds=1.0)

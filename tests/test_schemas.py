@@ -34,11 +34,51 @@ def test_every_error_is_reported_at_once_with_its_field():
 
 def test_method_is_a_discriminated_union():
     assert "unknown value 'bon'" in problems({**GOOD, "method": {"name": "bon"}})[0]
-    assert problems({**GOOD, "method": {"name": "greedy", "n": 3}}) == ["method.n: unknown key (not a field of this section; check its spelling)"]
+    assert problems({**GOOD, "method": {"name": "greedy", "n": 3}}) == [
+        "method.n: 'n' is a field of methods 'best_of_n' and 'speculative_rejection', not 'greedy' (set method.name: "
+        "one of them to use it, or remove the key)"]
     assert problems({**GOOD, "method": {"n": 3}})[0].startswith("method: field 'name' is required")
     cfg = validate_config({**GOOD, "method": {"name": "cdsl", "validation": "sampling"},
                            "models": {**GOOD["models"], "draft": "builtin:tiny-draft"}})
     assert cfg.method.lookahead == 3 and cfg.method.validation == "sampling"
+
+
+def test_unknown_keys_get_close_spellings_and_keys_of_other_variants_name_their_variant():
+    bad = {**GOOD, "modles": {}, "data": {"source": "a", "id_colum": "id"},
+           "models": {"target": "t", "reward": {"kind": "logprob", "path": "rm", "batch_tokns": 64}},
+           "method": {"name": "best_of_n", "alpha": 0.5}, "generation": {"max_tokens": 8}}
+    got = problems(bad)
+    assert "modles: unknown key; did you mean 'models'?" in got
+    assert "data.id_colum: unknown key; did you mean 'id_column'?" in got
+    assert "generation.max_tokens: unknown key; did you mean 'max_new_tokens'?" in got
+    assert "models.reward.batch_tokns: unknown key; did you mean 'batch_tokens'?" in got
+    # spelled right, but a field of another variant: not called misspelt
+    assert ("models.reward.path: 'path' is a field of reward kind 'model', not 'logprob' (set models.reward.kind: "
+            "model to use it, or remove the key)") in got
+    assert ("method.alpha: 'alpha' is a field of method 'speculative_rejection', not 'best_of_n' (set method.name: "
+            "speculative_rejection to use it, or remove the key)") in got
+    assert len(got) == 6
+    lexical = problems({**GOOD, "models": {"target": "t", "reward": {"kind": "lexical", "batch_tokens": 64}}})
+    assert lexical == ["models.reward.batch_tokens: 'batch_tokens' is a field of reward kinds 'model' and 'logprob', "
+                       "not 'lexical' (set models.reward.kind: one of them to use it, or remove the key)"]
+    assert problems({**GOOD, "method": {"name": "best_of"}})[0].endswith("(did you mean 'best_of_n'?)")
+    # a key of another variant wins over a near spelling in this one; a near spelling of another variant's key
+    assert problems({**GOOD, "method": {"name": "nucleus", "top_k": 3, "alph": 0.5}}) == [
+        "method.top_k: 'top_k' is a field of methods 'cdlh', 'cdlh_appx' and 'cdsl', not 'nucleus' (set method.name: "
+        "one of them to use it, or remove the key)",
+        "method.alph: unknown key; did you mean 'alpha' (a field of method 'speculative_rejection')?"]
+    # nothing close and no variant has it: the plain message
+    assert problems({**GOOD, "zzz": 1}) == ["zzz: unknown key (not a field of this section; check its spelling)"]
+
+
+def test_a_config_path_that_is_a_folder_says_so(tmp_path):
+    from schemas.config import load_config
+
+    (tmp_path / "a.yaml").write_text("name: x\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(tmp_path)
+    assert e.value.problems == [f"{tmp_path}: is a folder, not a config file; give the path of a YAML job config "
+                                "(it holds a.yaml)"]
 
 
 def test_cross_field_rules_name_the_field():

@@ -8,6 +8,7 @@ returns one float per item: `LogprobScorer` (mean token log-probability under th
 from __future__ import annotations
 
 import importlib
+import inspect
 import math
 from typing import Callable, Hashable, Sequence
 
@@ -90,7 +91,11 @@ class PythonScorer:
         self.path = path
 
     def __call__(self, items: list[Scored], meter: Meter) -> list[float]:
-        values = list(self.fn([it.prompt for it in items], [it.text for it in items]))
+        values = self.fn([it.prompt for it in items], [it.text for it in items])
+        if inspect.isawaitable(values):
+            raise RuntimeError(f"reward function {self.path} returned an awaitable: it is asynchronous; the reward "
+                               "calls it synchronously, so wrap it: def f(prompts, texts): return asyncio.run(g(...))")
+        values = list(values)
         if len(values) != len(items):
             raise RuntimeError(f"reward function {self.path} returned {len(values)} values for {len(items)} texts")
         out = [float(v) for v in values]
