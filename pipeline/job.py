@@ -374,7 +374,8 @@ def summary_table(t: Tally, config: JobConfig, new_rows: int, seconds: float) ->
     method = config.method
     if method.name == "speculative_rejection" and t.candidates and not t.rejected:
         why = ("method.alpha is 0" if method.alpha == 0 else
-               "the memory schedule never reached its budget: lower method.memory_budget_mb, or use schedule: fixed"
+               "no prompt's running candidates reached their KV space: lower method.memory_candidates, or use "
+               "schedule: fixed"
                if method.schedule == "memory" else
                "no decision token came before the candidates finished: lower method.every_k_tokens")
         lines.append(f"no candidate was rejected: this run was Best-of-N at Speculative Rejection's price ({why})")

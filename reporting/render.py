@@ -165,6 +165,11 @@ def _notes(runs: list[Run], grouped: list, groups: list[dict], from_folders: lis
     if from_folders:
         notes.append(f"parameter counts of {', '.join(from_folders)} were read from the model folders named in "
                      "their config (their manifests predate recorded counts)")
+    uncut = [r.name for r in runs if r.method == "speculative_rejection" and r.rows
+             and not any(c.get("finish_reason") == "rejected" for row in r.rows for c in row.get("candidates") or [])]
+    if uncut:
+        notes.append(f"{', '.join(uncut)}: Speculative Rejection made no cut at all (no candidate was rejected): "
+                     "Best-of-N at Speculative Rejection's price")
     return notes
 
 

@@ -76,8 +76,11 @@ def new_manifest(config: JobConfig, prompts: int, parameters: ParameterCounts | 
 def counted(manifest: Manifest, config: JobConfig, t: Tally, **changes) -> Manifest:
     """The manifest with the folder's tallies (`t`: rows, errors, cost, reward inputs cut) and `changes`."""
     data = manifest.model_dump()
+    sr = config.method.name == "speculative_rejection"
     data.update(rows=t.rows, errors=t.errors, cost=t.cost_totals(config.cost.usd_per_device_hour),
-                reward_inputs_truncated=t.reward_inputs_truncated, **changes)
+                reward_inputs_truncated=t.reward_inputs_truncated, generated_tokens=t.generated_tokens,
+                candidates=t.candidates, rejected=t.rejected,
+                no_cut=(t.rejected == 0 and t.candidates > 0) if sr else None, **changes)
     return Manifest.model_validate(data)
 
 

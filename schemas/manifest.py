@@ -54,6 +54,13 @@ class Manifest(BaseModel):
     started_at: str = Field(description="ISO-8601 UTC time the (latest) run started")
     finished_at: str | None = None
     rows: int = Field(0, description="rows in candidates/, errored ones included")
+    generated_tokens: int = Field(0, description="stats.generated_tokens summed over the rows")
+    candidates: int = Field(0, description="candidates started, over the rows")
+    rejected: int = Field(0, description="candidates stopped by a Speculative Rejection cut")
+    no_cut: bool | None = Field(
+        None, description="method speculative_rejection only: true when it rejected no candidate at all (the run was "
+        "Best-of-N at Speculative Rejection's price)"
+    )
     errors: int = Field(0, description="rows whose `error` is not null")
     cost: CostTotals = Field(default_factory=CostTotals)
     reward_inputs_truncated: int = Field(

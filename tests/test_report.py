@@ -820,3 +820,15 @@ def test_the_report_shows_each_runs_engine_side_by_side(tmp_path):
     md = (out / "report.md").read_text()
     assert "| run | method | engine | status |" in md
     assert "| hf | best_of_n | hf | succeeded |" in md and "| vllm | best_of_n | vllm | succeeded |" in md
+
+
+def test_a_speculative_rejection_run_that_cut_nothing_is_said_to_be_best_of_n_at_its_price(tmp_path):
+    rows = [row(f"p{i}", [cand("a", 0.5), cand("b", 0.7)], method="speculative_rejection") for i in range(3)]
+    cut = [row(f"p{i}", [cand("a", None, "rejected"), cand("b", 0.7)], method="speculative_rejection")
+           for i in range(3)]
+    uncut = load_run(write_run(str(tmp_path / "uncut"), rows, name="sr-uncut", method="speculative_rejection"))
+    ok = load_run(write_run(str(tmp_path / "cut"), cut, name="sr-cut", method="speculative_rejection"))
+    notes = build_report([ok, uncut], 0, basis="usd")["notes"]
+    assert [n for n in notes if "made no cut" in n] == [
+        "sr-uncut: Speculative Rejection made no cut at all (no candidate was rejected): Best-of-N at Speculative "
+        "Rejection's price"]

@@ -318,7 +318,13 @@ def test_the_tally_counts_generated_tokens_candidates_and_rejections_and_the_sum
     pq.write_table(rows_to_table(rows), data)
     table = summary_table(tally(folder), sr, new_rows=0, seconds=1.0)
     assert table.splitlines()[-1] == (
-        "no candidate was rejected: this run was Best-of-N at Speculative Rejection's price (the memory schedule never "
-        "reached its budget: lower method.memory_budget_mb, or use schedule: fixed)")
+        "no candidate was rejected: this run was Best-of-N at Speculative Rejection's price (no prompt's running "
+        "candidates reached their KV space: lower method.memory_candidates, or use schedule: fixed)")
     bon = config(tmp_path, method={"name": "best_of_n", "n": 4})
     assert "no candidate was rejected" not in summary_table(tally(folder), bon, new_rows=0, seconds=1.0)
+    # and the manifest says it too
+    from runfolder.manifest import counted, new_manifest
+
+    assert counted(new_manifest(sr, prompts=2), sr, tally(folder)).no_cut is True
+    assert counted(new_manifest(sr, prompts=2), sr, t).no_cut is False
+    assert counted(new_manifest(bon, prompts=2), bon, t).no_cut is None
