@@ -12,10 +12,11 @@ Prints two comparisons (Markdown tables; `--json PATH` also writes every figure)
    reward model's cost is in section 2.
 2. **Speculative Rejection against Best-of-N** with the tiny reward model: mean best reward, generated tokens
    (every candidate's, rejected ones up to their rejection), wall-clock, paper 001's improvement score (eq. 8)
-   and relative compute (eq. 7). The baseline Best-of-N_min is the largest N whose KV cache fits the memory
-   budget (``--nmin``; the budget is set to its cache at full length), as Best-of-120 was the largest that fits
-   one 80 GB GPU in the paper; SR starts from a larger N in the same budget and rejects when the cache would pass
-   it (``--sr n:alpha``), or rejects every K tokens (``--sr n:alpha:K``). The Best-of-N sweep gives the N whose
+   and relative compute (eq. 7). The baseline is Best-of-N_min (``--nmin``), as Best-of-120 was the largest that
+   fits one 80 GB GPU in the paper. SR runs with its minimal config (``--sr n:alpha``: the memory schedule, each
+   prompt given the KV cache of n / 8 candidates at full length), in Best-of-M's memory (``--sr n:alpha:memM``:
+   memory_candidates M, e.g. the baseline's), or with a decision every K tokens (``--sr n:alpha:K``). The Best-of-N
+   sweep gives the N whose
    reward SR matches (interpolated in log N between the two Best-of-N runs around it), and SR's generated tokens
    against that Best-of-N's (its tokens per candidate x the matched N) and against the next Best-of-N of the sweep.
 
@@ -44,7 +45,6 @@ from reporting.stats import improvement_score
 from schemas.config import validate_config
 from workers.accounting.cost import Meter
 from workers.decoding.batch import left_pad
-from workers.decoding.kvcache import model_kv_bytes
 from workers.methods import run_method
 from workers.actor.runner import Runner
 
@@ -161,14 +161,9 @@ def matched_n(reward: float, bon: dict[int, dict]) -> tuple[float, int] | None:
     return math.inf, ns[-1]
 
 
-def sr_vs_bon(bench: Bench, bon_ns: list[int], nmin: int, sr_settings: list[tuple[int, float, int | None]], per_batch: int,
-              seeds: list[int]) -> dict:
+def sr_vs_bon(bench: Bench, bon_ns: list[int], nmin: int, sr_settings: list[tuple[int, float, str | None]],
+              per_batch: int, seeds: list[int]) -> dict:
     """Best-of-N sweep and SR settings, each over `seeds` (figures averaged over seeds, wall-clock the best)."""
-    width = max(len(p.ids) for p in bench.prompts)
-    limit = bench.base["generation"]["max_new_tokens"]
-    budget = per_batch * nmin * (width + limit) * model_kv_bytes(bench.lexical.engine.target)
-    budget_mb = budget / 2**20
-
     def runs(method: dict) -> tuple[dict, list[dict]]:
         outs, per_seed = [], []
         for seed in seeds:
@@ -193,12 +188,16 @@ def sr_vs_bon(bench: Bench, bon_ns: list[int], nmin: int, sr_settings: list[tupl
 
     for n in bon_ns:
         rows[f"Best-of-{n}"] = add_baseline(dict(bon[n]), bon_outs[n])
-    for n, alpha, every in sr_settings:
+    for n, alpha, how in sr_settings:
         method = {"name": "speculative_rejection", "n": n, "alpha": alpha}
-        if every:
-            method.update(schedule="fixed", every_k_tokens=every)
+        if how is None:
+            label = f"SR n={n} alpha={alpha} (minimal config: memory, Best-of-{max(1, n // 8)}'s space)"
+        elif how.startswith("mem"):
+            method.update(memory_candidates=int(how[3:]))
+            label = f"SR n={n} alpha={alpha}, memory, Best-of-{int(how[3:])}'s space"
         else:
-            method.update(schedule="memory", memory_budget_mb=budget_mb)
+            method.update(schedule="fixed", every_k_tokens=int(how))
+            label = f"SR n={n} alpha={alpha}, every {int(how)} tokens"
         s = add_baseline(*runs(method))
         m = matched_n(s["best_reward"], bon)
         if m is not None:
@@ -208,8 +207,8 @@ def sr_vs_bon(bench: Bench, bon_ns: list[int], nmin: int, sr_settings: list[tupl
             s["tokens_vs_matched_bon"] = s["tokens"] / (per_candidate * m[0]) if math.isfinite(m[0]) else None
             s["tokens_vs_bon_above"] = s["tokens"] / bon[m[1]]["tokens"]
             s["bon_above"] = m[1]
-        rows[f"SR n={n} alpha={alpha}" + (f" every {every} tokens" if every else "")] = s
-    return {"budget_mb": budget_mb, "width": width, "rows": rows}
+        rows[label] = s
+    return {"rows": rows}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -221,10 +220,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ns", default="16,64", help="N values of the throughput comparison")
     ap.add_argument("--prompts-per-batch", type=int, default=4)
     ap.add_argument("--bon-ns", default="1,2,4,8,16,32,64,128,256", help="the Best-of-N sweep")
-    ap.add_argument("--nmin", type=int, default=16, help="Best-of-N_min: the baseline whose cache sets the budget")
-    ap.add_argument("--sr", default="64:0.5,128:0.5,128:0.5:4,256:0.5:4",
-                    help="SR settings, comma-separated: n:alpha (decisions by the memory budget) or n:alpha:K (a "
-                    "decision every K tokens)")
+    ap.add_argument("--nmin", type=int, default=16, help="Best-of-N_min: the baseline")
+    ap.add_argument("--sr", default="32:0.5,64:0.5,128:0.5,64:0.5:mem16,128:0.5:mem16,128:0.5:4,256:0.5:4",
+                    help="SR settings, comma-separated: n:alpha (the minimal config), n:alpha:memM (each prompt given "
+                    "the KV cache of M candidates at full length) or n:alpha:K (a decision every K tokens)")
     ap.add_argument("--seeds", default="0,1", help="seeds of section 2 (its figures are means over them)")
     ap.add_argument("--sections", default="throughput,sr", help="comma-separated subset of throughput,sr")
     ap.add_argument("--json", help="also write every figure to this file")
@@ -251,14 +250,13 @@ def main(argv: list[str] | None = None) -> int:
     if "sr" in sections:
         settings = []
         for item in args.sr.split(","):
-            n, alpha, *every = item.split(":")
-            settings.append((int(n), float(alpha), int(every[0]) if every else None))
+            n, alpha, *how = item.split(":")
+            settings.append((int(n), float(alpha), how[0] if how else None))
         out = sr_vs_bon(bench, [int(n) for n in args.bon_ns.split(",")], args.nmin, settings,
                         args.prompts_per_batch, [int(s) for s in args.seeds.split(",")])
         report["sr"] = out
         print(table(f"Speculative Rejection vs Best-of-N (tiny reward model; {args.prompts_per_batch} prompts per "
-                    f"call; memory budget {out['budget_mb']:.2f} MB = Best-of-{args.nmin}'s KV cache at full length; "
-                    f"baseline Best-of-{args.nmin}; means over seeds {args.seeds})", out["rows"],
+                    f"call; baseline Best-of-{args.nmin}; means over seeds {args.seeds})", out["rows"],
                     ["best_reward", "tokens", "reward_tokens", "wall_s", "improvement_score", "relative_compute",
                      "rounds",
                      "matches_bon_n", "tokens_vs_matched_bon", "bon_above", "tokens_vs_bon_above"]))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -14,7 +15,8 @@ def test_bon_sr_bench_prints_and_records_its_figures(tmp_path, capsys):
 
     out = tmp_path / "bon_sr.json"
     assert bon_sr.main(["--prompts", "4", "--repeats", "1", "--ns", "4", "--bon-ns", "1,2,4", "--nmin", "2",
-                        "--sr", "4:0.5,4:0.5:2", "--seeds", "0", "--max-new-tokens", "12", "--json", str(out)]) == 0
+                        "--sr", "4:0.5,4:0.5:2,4:0.5:mem1", "--seeds", "0", "--max-new-tokens", "12", "--json",
+                        str(out)]) == 0
     printed = capsys.readouterr().out
     assert "model.generate" in printed and "Speculative Rejection vs Best-of-N" in printed
     report = json.loads(out.read_text())
@@ -24,8 +26,10 @@ def test_bon_sr_bench_prints_and_records_its_figures(tmp_path, capsys):
     assert rows["Best-of-2"]["improvement_score"] == pytest.approx(100.0)  # the baseline against itself
     assert rows["Best-of-2"]["relative_compute"] == pytest.approx(1.0)
     assert rows["Best-of-1"]["tokens"] < rows["Best-of-4"]["tokens"]
-    sr = rows["SR n=4 alpha=0.5 every 2 tokens"]
+    sr = rows["SR n=4 alpha=0.5, every 2 tokens"]
     assert sr["rounds"] > 0 and sr["tokens"] < rows["Best-of-4"]["tokens"]
+    assert rows["SR n=4 alpha=0.5, memory, Best-of-1's space"]["rounds"] > 0
+    assert "SR n=4 alpha=0.5 (minimal config: memory, Best-of-1's space)" in rows
 
 
 def test_draft_target_bench_prints_and_records_its_figures(tmp_path, capsys):
@@ -39,3 +43,22 @@ def test_draft_target_bench_prints_and_records_its_figures(tmp_path, capsys):
     report = json.loads(out.read_text())
     assert report["c"] > 0
     assert set(report) >= {"sd", "mjsd", "cdsl", "sr"}
+
+
+@pytest.mark.slow
+def test_real_model_bench_prints_paper_001s_table_2(tmp_path, capsys):
+    from assets import smollm2
+    from bench import real_model
+
+    if smollm2.unavailable() is not None:
+        pytest.skip(smollm2.unavailable())
+    out = tmp_path / "real.json"
+    assert real_model.main(["--engines", "hf", "--prompts", "2", "--per-call", "2", "--max-new-tokens", "8",
+                            "--bon", "2", "4", "--sr", "4", "--every", "4", "--skip-lexical", "--generate", "2",
+                            "--generate-prompts", "1", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "Paper 001's Table 2 on SmolLM2-135M-Instruct" in printed and "generate(num_return_sequences=N)" in printed
+    rows = json.loads(out.read_text())["hf logprob"]
+    assert rows["Best-of-4"]["speedup_cpu"] == pytest.approx(1.0) and rows["Best-of-4"]["speedup_tokens"] == 1.0
+    for label, r in rows.items():
+        assert r["perplexity"] == pytest.approx(math.exp(-r["mean_best_reward"])) and r["reward_tokens"] == 0
