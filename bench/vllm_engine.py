@@ -13,11 +13,13 @@ Prints (Markdown tables; `--json PATH` also writes every figure):
    Raw vLLM and the wrapper run on one engine (a ``vllm.LLM`` built with the wrapper's engine settings: engine core
    in process, eager, no chunked prefill, block size 32 on CPU), alternating, in one process; the hf engine in
    another (a vLLM CPU engine pins its process's threads). The wrapper's overhead is printed as raw/wrapper
-   tokens-per-second - 1 (goal: at most 10% at N = 64).
+   tokens-per-second - 1 (wall-clock, best run) and as wrapper/raw CPU seconds per token - 1 (the process's CPU
+   time, least of the runs: steadier on a loaded machine); goal: at most 10% at N = 64.
    ``--target builtin:tiny-target`` (default) or ``--shape llama-32k|qwen2-152k``: a random-init checkpoint of
    bench/engine_scale.py's realistic shapes (its ``quick`` sizes), whose responses run to the length limit.
 2. **Speculative Rejection against Best-of-N** on the tiny trio with the vllm engine and the tiny reward model: a
-   Best-of-N sweep and SR with the fixed schedule (``--sr n:alpha:K``), mean best reward and generated tokens
+   Best-of-N sweep and SR settings (``--sr``: ``n:alpha`` the minimal config, memory schedule with its defaults;
+   ``n:alpha:K`` the fixed schedule, a decision every K tokens), mean best reward and generated tokens
    (rejected candidates up to their rejection), and SR's tokens against those of the Best-of-N whose reward it
    matches (log-interpolated, as bench/bon_sr.py does). Goal: at most half.
 """
@@ -60,15 +62,17 @@ def job(target: str, method: dict, engine: str, max_new_tokens: int, reward: dic
 # One side, in its own process
 
 
-def timed(fn, repeats: int) -> tuple[float, object]:
-    best, out = None, None
+def timed(fn, repeats: int) -> tuple[dict, object]:
+    """The best wall-clock and the least process CPU time (every thread of the process) of `repeats` runs."""
+    best, cpu, out = None, None, None
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         res = fn()
-        wall = time.perf_counter() - t0
+        wall, spent = time.perf_counter() - t0, time.process_time() - c0
+        cpu = spent if cpu is None else min(cpu, spent)
         if best is None or wall < best:
             best, out = wall, res
-    return best, out
+    return {"wall": best, "cpu": cpu}, out
 
 
 def side_runner(side: str, target: str, ns: list[int], items: list[dict], per_call: int, max_new_tokens: int,
@@ -84,8 +88,8 @@ def side_runner(side: str, target: str, ns: list[int], items: list[dict], per_ca
         torch.set_num_threads(threads)
         for n in [4] + ns:  # N = 4: warm-up
             runner = Runner(job(target, {"name": "best_of_n", "n": n}, side, max_new_tokens))
-            wall, rows = timed(lambda: [r for c in chunks(items, per_call) for r in runner.run(c)], repeats)
-            out[n] = {"wall": wall, "tokens": sum(r["stats"]["generated_tokens"] for r in rows)}
+            times, rows = timed(lambda: [r for c in chunks(items, per_call) for r in runner.run(c)], repeats)
+            out[n] = {**times, "tokens": sum(r["stats"]["generated_tokens"] for r in rows)}
         return out
     # raw vLLM and the vllm engine on one engine (a vllm.LLM's), alternating
     from vllm import LLM, SamplingParams
@@ -121,9 +125,10 @@ def side_runner(side: str, target: str, ns: list[int], items: list[dict], per_ca
         for _ in range(repeats):
             raw.append(timed(lambda: generate(n), 1))
             wrapped.append(timed(lambda: [r for c in chunks(items, per_call) for r in runner.run(c)], 1))
-        (rw, counts), (vw, rows) = min(raw, key=lambda x: x[0]), min(wrapped, key=lambda x: x[0])
-        out[n] = {"raw": {"wall": rw, "tokens": sum(map(sum, counts)), "counts": counts},
-                  "vllm": {"wall": vw, "tokens": sum(r["stats"]["generated_tokens"] for r in rows),
+        (rt, counts), (vt, rows) = min(raw, key=lambda x: x[0]["wall"]), min(wrapped, key=lambda x: x[0]["wall"])
+        rt["cpu"], vt["cpu"] = min(x[0]["cpu"] for x in raw), min(x[0]["cpu"] for x in wrapped)
+        out[n] = {"raw": {**rt, "tokens": sum(map(sum, counts)), "counts": counts},
+                  "vllm": {**vt, "tokens": sum(r["stats"]["generated_tokens"] for r in rows),
                            "counts": [[c["num_tokens"] for c in r["candidates"]] for r in rows]}}
     return out
 
@@ -137,9 +142,14 @@ def sr_side(items: list[dict], per_call: int, max_new_tokens: int, bon_ns: list[
     first = Runner(job("builtin:tiny-target", {"name": "best_of_n", "n": 4}, "vllm", max_new_tokens, reward))
     out = {}
     methods = [(f"Best-of-{n}", {"name": "best_of_n", "n": n}) for n in bon_ns]
-    methods += [(f"SR n={n} alpha={a} every {k} tokens",
-                 {"name": "speculative_rejection", "n": n, "alpha": a, "schedule": "fixed", "every_k_tokens": k})
-                for n, a, k in settings]
+    for n, a, k in settings:
+        if k is None:
+            methods.append((f"SR n={n} alpha={a} (minimal config)", {"name": "speculative_rejection", "n": n,
+                                                                    "alpha": a}))
+        else:
+            methods.append((f"SR n={n} alpha={a} every {k} tokens", {"name": "speculative_rejection", "n": n,
+                                                                     "alpha": a, "schedule": "fixed",
+                                                                     "every_k_tokens": k}))
     for label, method in methods:
         per_seed = []
         for seed in seeds:
@@ -193,7 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shape", choices=["llama-32k", "qwen2-152k"],
                     help="instead of --target: a random-init checkpoint of bench/engine_scale.py (quick sizes)")
     ap.add_argument("--bon-ns", default="1,2,4,8,16,32,64,128", help="the Best-of-N sweep of section 2")
-    ap.add_argument("--sr", default="64:0.5:4,128:0.5:4", help="SR settings n:alpha:K (a decision every K tokens)")
+    ap.add_argument("--sr", default="32:0.5,64:0.5,64:0.5:4,128:0.5:4",
+                    help="SR settings: n:alpha (the minimal config) or n:alpha:K (a decision every K tokens)")
     ap.add_argument("--seeds", default="0,1", help="seeds of section 2 (its figures are means over them)")
     ap.add_argument("--sections", default="throughput,sr", help="comma-separated subset of throughput,sr")
     ap.add_argument("--json", help="also write every figure to this file")
@@ -204,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     ns = [int(n) for n in args.ns.split(",")]
     items = demo_prompts(0, args.prompts)
-    settings = [(int(n), float(a), int(k)) for n, a, k in (s.split(":") for s in args.sr.split(","))]
+    settings = [(int(p[0]), float(p[1]), int(p[2]) if len(p) > 2 else None)
+                for p in (s.split(":") for s in args.sr.split(","))]
     seeds = [int(s) for s in args.seeds.split(",")]
 
     if args.worker:  # one side, in this process
@@ -241,9 +253,11 @@ def main(argv: list[str] | None = None) -> int:
         for n in ns:
             r, v, h = (sides[s][str(n)] for s in ("raw", "vllm", "hf"))
             tps = {s: sides[s][str(n)]["tokens"] / sides[s][str(n)]["wall"] for s in sides}
+            cpu_per_token = {s: sides[s][str(n)]["cpu"] / sides[s][str(n)]["tokens"] for s in ("raw", "vllm")}
             rows[f"N = {n}"] = {
                 "raw_vllm_tok_per_s": tps["raw"], "engine_vllm_tok_per_s": tps["vllm"],
                 "engine_hf_tok_per_s": tps["hf"], "wrapper_overhead": tps["raw"] / tps["vllm"] - 1,
+                "wrapper_overhead_cpu": cpu_per_token["vllm"] / cpu_per_token["raw"] - 1,
                 "vllm_vs_hf": tps["vllm"] / tps["hf"], "same_tokens_as_raw": r["counts"] == v["counts"],
                 "tokens_vllm": v["tokens"], "tokens_hf": h["tokens"],
             }
@@ -251,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         print(table(f"Best-of-N throughput on {args.shape or args.target}: raw vLLM (LLM.generate, n=N) vs engine "
                     "vllm vs engine hf, generated tokens/s", rows,
                     ["raw_vllm_tok_per_s", "engine_vllm_tok_per_s", "engine_hf_tok_per_s", "wrapper_overhead",
-                     "vllm_vs_hf", "same_tokens_as_raw", "tokens_vllm", "tokens_hf"], first="N"))
+                     "wrapper_overhead_cpu", "vllm_vs_hf", "same_tokens_as_raw", "tokens_vllm", "tokens_hf"], first="N"))
     if "sr" in sections:
         res = run_side(args, "sr", "builtin:tiny-target")
         bon = {int(k.split("-")[-1]): v for k, v in res.items() if k.startswith("Best-of-")}

@@ -267,7 +267,7 @@ class VllmDecoder:
         self.prompts: dict[int, PromptInput] = {}
         self.requests: dict[str, Key] = {}  # running request id -> its sequence
         self.tokens: dict[Key, list[int]] = {}  # every sequence's tokens so far (while it runs, with DELTA outputs)
-        self.logprobs: dict[Key, float] = {}  # and their log-probabilities under the target (vLLM's raw logprobs)
+        self.logprobs: dict[Key, float] = {}  # and their log-probabilities under the target (vLLM's cumulative_logprob)
         self.counted: dict[Key, int] = {}  # target tokens counted for a running sequence, step by step
         self.exact: dict[Key, int] = {}  # its exact target tokens from the outputs that came
         self.stepped: set[Key] = set()  # sequences that had their first (prefill) step
@@ -299,7 +299,9 @@ class VllmDecoder:
             # a pool that decides reads the tokens at every step; the others only once a candidate is done (as
             # LLM.generate does), which spares the engine an output object per request and step
             output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY,
-            logprobs=0,  # each sampled token's own log-probability, before temperature and top-p (raw_logprobs)
+            # each sampled token's own log-probability, before temperature and top-p (raw_logprobs), summed by the
+            # engine as cumulative_logprob; flat lists, not a dict per token (fewer Python objects per step)
+            logprobs=0, flat_logprobs=True,
             seed=candidate_seed(self.ctx.seed, prompt.key, index) if s.temperature > 0 else None,
         )
 
@@ -333,7 +335,7 @@ class VllmDecoder:
                 self.exact[key] += len(self.prompts[key[0]].ids) - int(out.num_cached_tokens or 0)
             self.exact[key] += len(new)
             self.tokens[key].extend(new)
-            self.logprobs[key] += sum(step[t].logprob for t, step in zip(new, o.logprobs or ()))
+            self.logprobs[key] = o.cumulative_logprob
             if out.finished:
                 if o.finish_reason not in ("stop", "length"):
                     raise RuntimeError(f"vLLM ended request {out.request_id} with finish reason {o.finish_reason!r}")
