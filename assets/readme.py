@@ -20,8 +20,6 @@ def render(assets: pathlib.Path, f: dict) -> str:
     meta = json.loads((assets / "build_meta.json").read_text())
     cfg = {n: json.loads((assets / BUILTINS[n] / "config.json").read_text())
            for n in ("tiny-target", "tiny-draft", "tiny-reward")}
-    lm_cfg = json.loads((assets / "tiny-target" / "tokenizer_config.json").read_text())
-    rm_cfg = json.loads((assets / "tiny-reward" / "tokenizer_config.json").read_text())
     lm_vocab = json.loads((assets / "tiny-target" / "tokenizer.json").read_text())["model"]["vocab"]
     rm_vocab = json.loads((assets / "tiny-reward" / "tokenizer.json").read_text())["model"]["vocab"]
     sp, pr, bon, sm, gr = f["speculative_greedy"], f["partial_reward"], f["best_of_n"], f["samples"], f["greedy"]
@@ -47,7 +45,6 @@ def render(assets: pathlib.Path, f: dict) -> str:
 
     ex = "\n".join(f"- prompt: {e['prompt']}\n  greedy response of tiny-target: {e['greedy']}"
                    for e in f["examples"][:3])
-    tw = meta["training"]
     return f"""# Bundled assets: a tiny CommonGen-like world and three models trained on it
 
 Everything here is committed, so a fresh clone runs offline: no download, no build (all but SmolLM2, the last row,
