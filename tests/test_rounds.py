@@ -1,0 +1,353 @@
+"""`winnow rounds`, Expert Iteration closed: the concept-set prompts it trains and evaluates on, its config and plan,
+the round sequence in `winnow report` (hand-made runs, no Ray), and on the tiny trio (slow: Ray and TRL) a round
+whose held-out reward rises beyond its interval, an empty SFT set, a failed training and kills at the training and
+evaluation steps, each continued by the same command."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from assets import concept_sets, everyday, world
+from conftest import ROOT
+from conftest_runs import row, write_run, cand
+from jobs import rounds as rounds_cli
+from reporting.render import build_report, render_markdown
+from reporting.rounds import LINEAGE_FILE, CostOf, ModelLineage, write_lineage
+from rounds.config import validate_recipe
+from rounds.recipe import Recipe
+from runfolder.runs import load_run, load_runs
+from schemas.base import InputError
+
+# ---------------------------------------------------------------------------------------------------------------
+# Prompts
+
+
+@pytest.mark.parametrize("vocabulary", concept_sets.VOCABULARIES)
+def test_concept_sets_are_deterministic_and_the_splits_disjoint(vocabulary):
+    train, heldout = concept_sets.split(vocabulary, 300, 96, seed=3)
+    assert (train, heldout) == concept_sets.split(vocabulary, 300, 96, seed=3)
+    assert concept_sets.split(vocabulary, 300, 96, seed=4)[1] != heldout
+    assert len(train) == 300 and len(heldout) == 96
+    keys = lambda rows: [world.concept_key(r["concepts"]) for r in rows]  # noqa: E731
+    assert len(set(keys(train))) == 300 and len(set(keys(heldout))) == 96  # no set twice in a split
+    assert not set(keys(train)) & set(keys(heldout))  # and none in both
+    assert len({r["id"] for r in train + heldout}) == 396
+    for r in train + heldout:
+        assert all(c in r["prompt"] for c in r["concepts"]) and 3 <= len(r["concepts"]) <= 5
+    # the first held-out sets do not move when the training split grows
+    assert concept_sets.split(vocabulary, 10, 96, seed=3)[1] == heldout
+
+
+def test_everyday_sets_draw_on_the_word_list_and_tiny_sets_avoid_the_models_training_sets():
+    train, heldout = concept_sets.split("everyday", 200, 96)
+    words = {w for ws in everyday.CLASSES.values() for w in ws}
+    assert all(set(r["concepts"]) <= words for r in train + heldout)
+    assert heldout[0]["prompt"].startswith("Write one sentence that uses all of these words: ")
+    trained = concept_sets._tiny_trained_sets()
+    _, tiny_heldout = concept_sets.split("tiny-world", 50, 96)
+    assert not {world.concept_key(r["concepts"]) for r in tiny_heldout} & trained
+
+
+def test_everyday_words_are_checked(monkeypatch):
+    everyday.check_words()
+    monkeypatch.setattr(everyday, "CLASSES", {**everyday.CLASSES, "verbs": everyday.VERBS + ["walks"]})
+    with pytest.raises(ValueError, match=r"\['walks'\] would count as the concept 'walk'"):
+        everyday.check_words()
+    monkeypatch.setattr(everyday, "CLASSES", {**everyday.CLASSES, "verbs": everyday.VERBS + ["dog"]})
+    with pytest.raises(ValueError, match="'dog' is listed twice"):
+        everyday.check_words()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Config and plan
+
+
+def recipe_dict(out: Path, **over) -> dict:
+    """The tiny trio's recipe: 128 training and 64 held-out tiny-world prompts, Best-of-8 data, a full fine-tune."""
+    cfg = {
+        "name": "tiny", "out": str(out), "rounds": 1, "model": "builtin:tiny-target", "reward": {"kind": "lexical"},
+        "prompts": {"vocabulary": "tiny-world", "train": 128, "heldout": 64},
+        "sources": {"bon": {"name": "best_of_n", "n": 8}},
+        "job": {"generation": {"max_new_tokens": 48}, "resources": {"prompts_per_batch": 8}},
+        "train": {"epochs": 5, "learning_rate": 1.0e-3},
+        "evaluation": {"greedy": False},
+    }
+    for key, value in over.items():  # these sections are merged, the others replaced
+        cfg[key] = {**cfg.get(key, {}), **value} if key in ("prompts", "train", "evaluation", "sft") else value
+    return cfg
+
+
+def write_recipe(path: Path, cfg: dict) -> Path:
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path
+
+
+def test_the_shipped_recipes_validate():
+    for path in sorted((ROOT / "examples").glob("rounds-*.yaml")):
+        validate_recipe(yaml.safe_load(path.read_text()), str(path))
+
+
+def test_the_plan_names_every_folder_and_run_by_round(tmp_path):
+    cfg = validate_recipe(recipe_dict(tmp_path / "ei", rounds=2, evaluation={"greedy": True},
+                                      sources={"bon": {"name": "best_of_n", "n": 8},
+                                               "sr": {"name": "speculative_rejection", "n": 8}}))
+    recipe = Recipe(cfg, "test", generate=None, concept_sets=None, resolve=None)
+    ids = [s.id for s in recipe.steps]
+    assert ids[:3] == ["prompts", "round-0/eval-sample", "round-0/eval-greedy"]
+    assert ids[3:9] == ["round-1/bon/data", "round-1/bon/sft", "round-1/bon/train", "round-1/bon/eval-sample",
+                        "round-1/bon/eval-greedy", "round-1/sr/data"]
+    assert len(ids) == 3 + 2 * 2 * 5
+    for s in recipe.steps:  # each step writes at the path of its id; a training, its model
+        assert s.path == str(tmp_path / "ei" / s.id.replace("/", os.sep)).replace(f"{os.sep}train", f"{os.sep}model")
+    data2 = recipe.step("round-2/sr/data")
+    assert data2.config["models"]["target"] == str(tmp_path / "ei" / "round-1" / "sr" / "model")  # k-1's model
+    assert data2.config["name"] == "tiny-round-2-sr-data" and data2.config["method"]["name"] == "speculative_rejection"
+    assert recipe.step("round-0/eval-sample").config["models"]["target"] == "builtin:tiny-target"
+    assert recipe.step("round-1/bon/eval-greedy").config["method"] == {"name": "greedy"}
+    assert recipe.step("round-1/bon/eval-sample").config["data"]["source"] == str(tmp_path / "ei/prompts/heldout.jsonl")
+
+
+@pytest.mark.parametrize("change, expected", [
+    ({"sources": {}}, "sources: Dictionary should have at least 1 item"),
+    ({"evaluation": {"sample": {"name": "best_of_n", "n": 4}}}, "evaluation.sample: Value error, must draw one sample"),
+    ({"job": {"name": "x", "models": {"target": "y"}}}, "job: Value error, name, models.target: set by the recipe"),
+    ({"prompts": {"train_source": "a.jsonl"}}, "prompts: Value error, give either vocabulary"),
+    ({"sft": {"select": "top-3"}}, "sft.select: Value error"),
+    ({"colour": 1}, "colour: unknown key"),
+    ({"job": {"generation": {"max_new_tokens": 0}}}, "the job config of round-0/eval-sample (and perhaps others): "
+                                                      "generation.max_new_tokens: Input should be greater than or "
+                                                      "equal to 1"),
+    ({"model": "/nowhere/model"}, "model: /nowhere/model"),
+    ({"sources": {"b o n": {"name": "best_of_n"}}}, "sources: Value error, source names must be"),
+])
+def test_bad_recipes_exit_2_naming_the_field_and_write_nothing(tmp_path, capsys, change, expected):
+    path = write_recipe(tmp_path / "recipe.yaml", recipe_dict(tmp_path / "ei", **change))
+    assert rounds_cli.main([str(path)]) == 2
+    err = capsys.readouterr().err
+    assert expected in err, err
+    assert not (tmp_path / "ei").exists()
+
+
+def test_a_folder_that_holds_something_else_is_refused(tmp_path, capsys):
+    (tmp_path / "ei").mkdir()
+    (tmp_path / "ei" / "notes.txt").write_text("mine")
+    path = write_recipe(tmp_path / "recipe.yaml", recipe_dict(tmp_path / "ei"))
+    assert rounds_cli.main([str(path)]) == 2
+    assert "exists, is not empty and holds no" in capsys.readouterr().err
+    assert os.listdir(tmp_path / "ei") == ["notes.txt"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The round sequence in `winnow report` (hand-made runs and lineages)
+
+
+def _lineage(tmp_path, source: str, k: int, gen_usd: float, train_usd: float, previous: ModelLineage | None = None):
+    folder = tmp_path / "recipe" / f"round-{k}" / source / "model"
+    folder.mkdir(parents=True)
+    gen = CostOf(device_seconds=gen_usd * 1800, usd=gen_usd, flops=1e12)
+    train = CostOf(device_seconds=train_usd * 1800, usd=train_usd, flops=3e12)
+    lin = ModelLineage(recipe="toy", recipe_folder=str(tmp_path / "recipe"), source=source,
+                       source_method={"name": "best_of_n", "n": 8}, round=k, base_model="builtin:tiny-target",
+                       parent_model="builtin:tiny-target", data_runs=["d"], sft="s", examples=10, generation=gen,
+                       training=train,
+                       cumulative_generation=gen if previous is None else CostOf(
+                           device_seconds=previous.cumulative_generation.device_seconds + gen.device_seconds,
+                           usd=previous.cumulative_generation.usd + gen_usd, flops=2e12),
+                       cumulative_training=train if previous is None else CostOf(
+                           device_seconds=previous.cumulative_training.device_seconds + train.device_seconds,
+                           usd=previous.cumulative_training.usd + train_usd, flops=6e12))
+    write_lineage(str(folder), lin)
+    return str(folder), lin
+
+
+def _eval_run(tmp_path, name: str, target: str, shift: float) -> str:
+    rows = [row(f"p{i}", [cand("t", 0.1 * i + shift)], device_seconds=0.5) for i in range(1, 7)]
+    return write_run(str(tmp_path / name), rows, name=name, reward={"kind": "lexical"},
+                     models={"target": target}, parameters={"target": 1000})
+
+
+def test_report_shows_evaluation_runs_as_a_sequence_of_rounds(tmp_path):
+    bon1, lin1 = _lineage(tmp_path, "bon", 1, 0.01, 0.02)
+    bon2, _ = _lineage(tmp_path, "bon", 2, 0.01, 0.02, previous=lin1)
+    sr1, _ = _lineage(tmp_path, "sr", 1, 0.005, 0.02)
+    uris = [_eval_run(tmp_path, "r0", "builtin:tiny-target", 0.0), _eval_run(tmp_path, "bon1", bon1, 0.2),
+            _eval_run(tmp_path, "bon2", bon2, 0.3), _eval_run(tmp_path, "sr1", sr1, 0.15)]
+    report = build_report(load_runs(uris), 0)
+    seqs = {s["chain"]["source"]: s for s in report["rounds"]["sequences"]}
+    assert set(seqs) == {"bon", "sr"}
+    bon = seqs["bon"]
+    assert [p["round"] for p in bon["points"]] == [0, 1, 2] and bon["prompts"] == 6  # round 0 joins both chains
+    p0, p1, p2 = bon["points"]
+    assert p0["mean_reward"] == pytest.approx(0.35) and p1["mean_reward"] == pytest.approx(0.55)
+    assert p1["gain"] == pytest.approx(0.2) and p1["gain_interval"] == pytest.approx([0.2, 0.2])
+    assert p1["rises_beyond_interval"] is True and p0["rises_beyond_interval"] is None
+    assert p2["cumulative_cost"]["total"]["usd"] == pytest.approx(0.06)
+    assert p2["cumulative_cost"]["generation"]["usd"] == pytest.approx(0.02)
+    assert p2["gain_per_usd"] == pytest.approx(0.3 / 0.06) and p2["gain_per_usd_of_data"] == pytest.approx(15.0)
+    assert p2["marginal_gain_per_usd"] == pytest.approx(0.1 / 0.03)
+    assert p1["evaluation_cost"]["device_seconds"] == pytest.approx(3.0)
+    (comp,) = report["rounds"]["comparisons"]  # round 1: bon 0.2 / $0.01 = 20, sr 0.15 / $0.005 = 30
+    assert (comp["round"], comp["a"], comp["b"]) == (1, "bon", "sr")
+    assert comp["difference"] == pytest.approx(-10.0)
+    assert comp["verdict"] == "sr buys more held-out reward per dollar of data"
+    md = render_markdown(report, {})
+    assert "## Rounds of Expert Iteration" in md and "0.200 [0.200, 0.200] **rises**" in md
+    assert "| 1 | best_of_n | bon vs sr | 6 | bon 20, sr 30 |" in md
+
+
+def test_report_files_carry_the_rounds_and_runs_without_lineage_keep_the_old_report(tmp_path, capsys):
+    from jobs.report import main as report_main
+
+    bon1, _ = _lineage(tmp_path, "bon", 1, 0.01, 0.02)
+    uris = [_eval_run(tmp_path, "r0", "builtin:tiny-target", 0.0), _eval_run(tmp_path, "bon1", bon1, 0.2)]
+    assert report_main([*uris, "--out", str(tmp_path / "rep")]) == 0
+    out = capsys.readouterr().out
+    assert "Rounds, toy/bon" in out and "rises beyond its interval" in out
+    data = json.loads((tmp_path / "rep" / "report.json").read_text())
+    assert [p["round"] for p in data["rounds"]["sequences"][0]["points"]] == [0, 1]
+    assert (tmp_path / "rep" / "rounds_reward_and_cumulative_cost.png").is_file()
+    plain = [_eval_run(tmp_path, "a", "builtin:tiny-target", 0.0), _eval_run(tmp_path, "b", "builtin:tiny-target", 0.1)]
+    report = build_report(load_runs(plain), 0)
+    assert report["rounds"] == {"sequences": [], "comparisons": [], "notes": []}
+    assert "Rounds of Expert Iteration" not in render_markdown(report, {})
+
+
+def test_a_damaged_lineage_is_named(tmp_path):
+    bon1, _ = _lineage(tmp_path, "bon", 1, 0.01, 0.02)
+    Path(bon1, LINEAGE_FILE).write_text("{not json")
+    with pytest.raises(InputError, match=f"{LINEAGE_FILE}: not valid JSON"):
+        build_report(load_runs([_eval_run(tmp_path, "bon1", bon1, 0.2)]), 0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# On the tiny trio: Ray and TRL
+
+
+def _rows(run: Path) -> list[str]:
+    files = [run / "candidates" / f for f in os.listdir(run / "candidates")]
+    return [pid for f in files for pid in pq.read_table(f, columns=["prompt_id"]).column("prompt_id").to_pylist()]
+
+
+def _manifest(run: Path) -> dict:
+    return json.loads((run / "manifest.json").read_text())
+
+
+def _ledger(out: Path) -> dict:
+    return json.loads((out / "recipe.json").read_text())
+
+
+@pytest.mark.slow
+def test_a_round_raises_held_out_reward_and_survives_an_empty_sft_set_and_a_failed_training(
+        ray_session, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "ei"
+    path = write_recipe(tmp_path / "recipe.yaml", recipe_dict(out, sft={"min_reward": 2.0}))
+
+    # every candidate filtered out: exit 2 naming the filter, nothing trained
+    assert rounds_cli.main([str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "round-1/bon/sft: the SFT set is empty" in err
+    assert "The filter that removed the last of them is `below_min_reward` (sft.min_reward: 2)" in err
+    assert not (out / "round-1" / "bon" / "sft").exists() and not (out / "round-1" / "bon" / "model").exists()
+    ledger = _ledger(out)
+    assert ledger["status"] == "failed" and "round-1/bon/data" in ledger["steps"]
+    data_started = _manifest(out / "round-1" / "bon" / "data")["started_at"]
+
+    # the training fails: exit 1, the earlier steps kept
+    write_recipe(path, recipe_dict(out))
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("injected training failure")
+
+    monkeypatch.setattr("rounds.recipe.fine_tune", broken)
+    assert rounds_cli.main([str(path)]) == 1
+    err = capsys.readouterr().err
+    assert "round-1/bon/train: training failed: RuntimeError: injected training failure" in err
+    assert (out / "round-1" / "bon" / "sft" / "hf").is_dir() and not (out / "round-1" / "bon" / "model").exists()
+    assert _ledger(out)["current"]["step"] == "round-1/bon/train"
+
+    # the same command continues at the training, reusing the data run and the SFT set
+    monkeypatch.undo()
+    assert rounds_cli.main([str(path)]) == 0
+    printed = capsys.readouterr().out
+    assert "continuing at round-1/bon/train" in printed
+    assert _manifest(out / "round-1" / "bon" / "data")["started_at"] == data_started
+    ledger = _ledger(out)
+    assert ledger["status"] == "succeeded" and ledger["current"] is None
+    lineage = json.loads((out / "round-1" / "bon" / "model" / LINEAGE_FILE).read_text())
+    assert lineage["round"] == 1 and lineage["training"]["device_seconds"] > 0 and lineage["examples"] == 128
+    assert lineage["generation"]["usd"] > 0 and lineage["training"]["flops"] > 0
+
+    # held-out single-sample reward rises beyond its interval (measured: 0.30 -> 0.46, gain [0.09, 0.23])
+    summary = json.loads((out / "summary.json").read_text())
+    (seq,) = summary["sequences"]
+    r0, r1 = seq["points"]
+    assert (r0["round"], r1["round"], seq["prompts"]) == (0, 1, 64)
+    assert r1["rises_beyond_interval"], (r0["mean_reward"], r1["mean_reward"], r1["gain_interval"])
+    assert r1["gain_interval"][0] > 0
+    assert "Held-out reward by round" in (out / "summary.md").read_text()
+
+
+def _kill_when(proc: subprocess.Popen, ready, what: str, timeout: float = 400) -> None:
+    deadline = time.monotonic() + timeout
+    try:
+        while not ready() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert proc.poll() is None, f"the recipe ended before {what}"
+        os.kill(proc.pid, signal.SIGKILL)
+        assert proc.wait(30) == -signal.SIGKILL
+    finally:
+        time.sleep(1)
+        try:  # the Ray processes the killed recipe started
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _committed(run: Path) -> int:
+    ckpt = run / "_checkpoint"
+    return len([p for p in ckpt.glob("*.parquet") if not p.name.endswith(".pending.parquet")]) if ckpt.exists() else 0
+
+
+@pytest.mark.slow
+def test_a_recipe_killed_at_training_then_at_evaluation_continues(ray_session, tmp_path, capsys):
+    out = tmp_path / "ei"
+    cfg = recipe_dict(out, prompts={"train": 64, "heldout": 32}, evaluation={"greedy": True},
+                      job={"generation": {"max_new_tokens": 48}, "resources": {"prompts_per_batch": 1}})
+    path = write_recipe(tmp_path / "recipe.yaml", cfg)
+    cmd = [sys.executable, "-m", "jobs.cli", "rounds", str(path)]
+    model = out / "round-1" / "bon" / "model"
+    evaluation = out / "round-1" / "bon" / "eval-sample"
+
+    with open(tmp_path / "first.log", "w") as log:  # killed while training
+        first = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        _kill_when(first, lambda: bool(list(model.parent.glob("model.tmp-*"))), "training started")
+    assert _ledger(out)["current"]["step"] == "round-1/bon/train" and not model.exists()
+    data_started = _manifest(out / "round-1" / "bon" / "data")["started_at"]
+
+    with open(tmp_path / "second.log", "w") as log:  # killed while evaluating, after its first commit
+        second = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        _kill_when(second, lambda: _committed(evaluation) > 0, "the evaluation committed a batch")
+    assert (tmp_path / "second.log").read_text().count("continuing at round-1/bon/train") == 1
+    assert not list(model.parent.glob("model.tmp-*")) and (model / LINEAGE_FILE).is_file()
+    assert _ledger(out)["current"]["step"].startswith("round-1/bon/eval-")
+
+    assert rounds_cli.main([str(path)]) == 0
+    assert "continuing at round-1/bon/eval-" in capsys.readouterr().out
+    assert _manifest(out / "round-1" / "bon" / "data")["started_at"] == data_started  # never generated again
+    heldout = [json.loads(line)["id"] for line in (out / "prompts" / "heldout.jsonl").read_text().splitlines()]
+    for run in ("round-0/eval-sample", "round-0/eval-greedy", "round-1/bon/eval-sample", "round-1/bon/eval-greedy"):
+        assert collections.Counter(_rows(out / run)) == collections.Counter(heldout), run  # each prompt once
+    ledger = _ledger(out)
+    assert ledger["status"] == "succeeded" and len(ledger["steps"]) == 8
+    assert [p["round"] for p in json.loads((out / "summary.json").read_text())["sequences"][0]["points"]] == [0, 1]
