@@ -449,7 +449,7 @@ def correlation_histograms(pearson: list[float], kendall: list[float], title: st
 
 
 def rounds_figure(series: list[dict]) -> Figure:
-    """Two panels over the round (x): above, each sequence's held-out reward with its bootstrap interval (one color
+    """Two panels over the round (x): above, each series' held-out reward with its bootstrap interval (one color
     per chain, one line style per evaluation); below, each chain's cumulative USD, data and training together
     (solid) and data alone (dashed). series: dicts of `reporting.rounds.plot_series`."""
     fig = _new_figure(10.5, 6.4)
@@ -466,7 +466,7 @@ def rounds_figure(series: list[dict]) -> Figure:
         xs = [r + shift for r in s["rounds"]]
         err = [[m - lo for m, lo in zip(s["reward"], s["low"])], [hi - m for m, hi in zip(s["reward"], s["high"])]]
         h = top.errorbar(xs, s["reward"], yerr=err, color=colors[s["chain"]], ls=styles[s["evaluation"]],
-                         marker=markers[s["evaluation"]], ms=5, capsize=3, lw=1.3, gid=f"sequence:{s['label']}",
+                         marker=markers[s["evaluation"]], ms=5, capsize=3, lw=1.3, gid=f"series:{s['label']}",
                          label=s["label"])
         handles.append(h)
     top.set_ylabel(f"held-out reward ({series[0]['reward_units']})" if series else "held-out reward")

@@ -148,7 +148,7 @@ def build_report(runs: list[Run], base_index: int, basis: str = COMPUTE, resolve
         "notes": _notes(runs, grouped, groups, from_folders),
         "definitions": DEFINITIONS,
         "runs": entries,
-        "rounds": report_rounds.build_sequences(runs, labels),
+        "rounds": report_rounds.build_series(runs, labels),
     })
 
 

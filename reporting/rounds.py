@@ -11,12 +11,12 @@ Terms:
 
 - A **chain** is the models of one recipe folder and one data source (``sources.NAME``): round k's model was trained
   on data that round k-1's model generated.
-- A **sequence** is the evaluation runs of one chain under one evaluation (the same method, generation settings,
+- A **series** is the evaluation runs of one chain under one evaluation (the same method, generation settings,
   prompts, seed and reward definition: `evaluation_key`), one per round, round 0 included where it was given. Its
   **prompts** are the prompt_ids every run of it completed (no error, a best reward).
-- **held-out reward** of a round: the mean over the sequence's prompts of the run's best reward (for a one-sample or
+- **held-out reward** of a round: the mean over the series' prompts of the run's best reward (for a one-sample or
   greedy evaluation, the reward of its one response), with the report's paired bootstrap interval
-  (`reporting.stats.bootstrap_intervals`: every run of the sequence resampled with the same prompt draws).
+  (`reporting.stats.bootstrap_intervals`: every run of the series resampled with the same prompt draws).
 - **gain** of round k: its held-out reward minus round 0's, with the bootstrap interval of the per-prompt
   differences; the round **rises beyond its interval** when that interval lies above 0 (beyond the tolerance).
 - **cost** of round k: its data runs' device-seconds, USD (device-seconds x their `cost.usd_per_device_hour`) and
@@ -29,7 +29,9 @@ Terms:
   reward of round k-1) / round k's USD.
 - **Data sources compared**: two chains with one base model evaluated alike are compared at each round both reached
   by the difference of their gain per USD of data, per prompt (gain of that prompt / cumulative USD of data), with
-  its paired bootstrap interval: "buys more held-out reward per dollar of data" only when the interval excludes 0.
+  its paired bootstrap interval: "buys more held-out reward per dollar of data" only when the interval excludes 0
+  (and "neither gains" when no source gains). The same on compute (gain per TFLOP of data), which, unlike
+  measured USD, does not move with the machine's load.
 """
 
 from __future__ import annotations
@@ -203,9 +205,9 @@ def _cost_dict(c: CostOf) -> dict:
     return {"device_seconds": c.device_seconds, "usd": c.usd, "flops": c.flops}
 
 
-def build_sequences(runs: list[Run], labels: list[str]) -> dict:
-    """The report's "rounds" block: every sequence of the runs (module docstring) with its per-round numbers, the
-    data sources compared, and notes on runs left out. Empty `sequences` when no run evaluates a trained round."""
+def build_series(runs: list[Run], labels: list[str]) -> dict:
+    """The report's "rounds" block: every series of the runs (module docstring) with its per-round numbers, the
+    data sources compared, and notes on runs left out. Empty `series` when no run evaluates a trained round."""
     lineages = [read_lineage(_target(run)) for run in runs]
     chains: dict[tuple[str, str], _Chain] = {}
     for lin in lineages:
@@ -220,7 +222,7 @@ def build_sequences(runs: list[Run], labels: list[str]) -> dict:
         seq = members.setdefault(((lin.recipe_folder, lin.source), evaluation_key(run)), {})
         if lin.round in seq:
             notes.append(f"{labels[i]} evaluates round {lin.round} of {lin.recipe}/{lin.source} as "
-                         f"{labels[seq[lin.round]]} does, alike; only the first is in its sequence")
+                         f"{labels[seq[lin.round]]} does, alike; only the first is in its series")
             continue
         seq[lin.round] = i
     for i, (run, lin) in enumerate(zip(runs, lineages)):  # round 0: runs of a chain's base model, evaluated alike
@@ -229,15 +231,14 @@ def build_sequences(runs: list[Run], labels: list[str]) -> dict:
         for (ckey, ekey), seq in members.items():
             if chains[ckey].base_model == _target(run) and evaluation_key(run) == ekey and 0 not in seq:
                 seq[0] = i
-    sequences = [_sequence(chains[ckey], seq, runs, labels, lineages) for (ckey, _), seq in members.items()]
-    sequences = [s for s in sequences if s is not None]
-    for s in sequences:
+    series = [_series(chains[ckey], seq, runs, labels, lineages) for (ckey, _), seq in members.items()]
+    for s in series:
         notes += s.pop("notes")
-    return {"sequences": sequences, "comparisons": _comparisons(sequences, runs), "notes": notes}
+    return {"series": series, "comparisons": _comparisons(series, runs), "notes": notes}
 
 
-def _sequence(chain: _Chain, seq: dict[int, int], runs: list[Run], labels: list[str],
-              lineages: list[ModelLineage | None]) -> dict | None:
+def _series(chain: _Chain, seq: dict[int, int], runs: list[Run], labels: list[str],
+            lineages: list[ModelLineage | None]) -> dict:
     rounds = sorted(seq)
     idx = [seq[k] for k in rounds]
     oks = [ok_rows(runs[i]) for i in idx]
@@ -253,7 +254,7 @@ def _sequence(chain: _Chain, seq: dict[int, int], runs: list[Run], labels: list[
         "prompts": len(prompts), "has_round_0": rounds[0] == 0, "points": [], "notes": [],
     }
     if not prompts:
-        out["notes"].append(f"{out['label']}: no prompt was completed by every run of the sequence "
+        out["notes"].append(f"{out['label']}: no prompt was completed by every run of the series "
                             f"({', '.join(labels[i] for i in idx)}); it has no numbers")
         return out
     values = np.asarray([[oks[j][p]["best_reward"] for p in prompts] for j in range(len(idx))], dtype=float)
@@ -295,12 +296,12 @@ def _sequence(chain: _Chain, seq: dict[int, int], runs: list[Run], labels: list[
     return out
 
 
-def _comparisons(sequences: list[dict], runs: list[Run]) -> list[dict]:
-    """Data sources compared (module docstring): pairs of sequences of one base model, evaluated alike (the same
+def _comparisons(series: list[dict], runs: list[Run]) -> list[dict]:
+    """Data sources compared (module docstring): pairs of series of one base model, evaluated alike (the same
     evaluation, reward and prompts), at each round both reached beyond 0."""
     out = []
     by_eval: dict[tuple, list[dict]] = {}
-    for s in sequences:
+    for s in series:
         if not s["has_round_0"] or not s["points"]:
             continue
         key = (s["chain"]["base_model"], s["points"][0]["path"], s["evaluation"], s["reward"])
@@ -318,7 +319,27 @@ def _values(run_path: str, runs: list[Run], prompts: list[str]) -> np.ndarray:
     return np.asarray([ok[p]["best_reward"] for p in prompts], dtype=float)
 
 
+def _verdict(a: str, b: str, per_a: np.ndarray, per_b: np.ndarray, unit: str) -> dict:
+    """Mean gain per unit of data cost of each source, their mean difference with its paired bootstrap interval,
+    and the verdict (module docstring)."""
+    d = per_a - per_b
+    lo, hi = bootstrap_intervals(d[None, :])[0]
+    out = {"a": float(per_a.mean()), "b": float(per_b.mean()), "difference": float(d.mean()),
+           "interval": [float(lo), float(hi)]}
+    if not (positive(out["a"]) or positive(out["b"])):
+        out["verdict"] = "neither gains held-out reward here: no data source buys any"
+    elif greater(lo, 0.0):
+        out["verdict"] = f"{a} buys more held-out reward per {unit} of data"
+    elif less(hi, 0.0):
+        out["verdict"] = f"{b} buys more held-out reward per {unit} of data"
+    else:
+        out["verdict"] = "not told apart: the interval of the difference holds 0 (these prompts do not say which)"
+    return out
+
+
 def _compare_pair(a: dict, b: dict, runs: list[Run]) -> list[dict]:
+    """At each round both series reached: gain per USD of data (measured) and per TFLOP of data (compute, which
+    does not move with the machine's load) of each source, compared prompt by prompt."""
     out = []
     base_path = a["points"][0]["path"]
     for pa in a["points"][1:]:
@@ -327,29 +348,20 @@ def _compare_pair(a: dict, b: dict, runs: list[Run]) -> list[dict]:
             continue
         prompts = sorted(set(_ok_ids(runs, pa["path"])) & set(_ok_ids(runs, pb["path"]))
                          & set(_ok_ids(runs, base_path)))
-        usd_a = pa["cumulative_cost"]["generation"]["usd"]
-        usd_b = pb["cumulative_cost"]["generation"]["usd"]
+        ga, gb = pa["cumulative_cost"]["generation"], pb["cumulative_cost"]["generation"]
         entry = {"round": pa["round"], "evaluation": a["evaluation"], "a": a["chain"]["source"],
                  "b": b["chain"]["source"], "a_label": a["label"], "b_label": b["label"], "prompts": len(prompts),
-                 "a_usd_of_data": usd_a, "b_usd_of_data": usd_b, "difference": None, "interval": None,
-                 "verdict": "not compared: no prompt completed by every run, or a data cost of 0"}
-        if prompts and usd_a > 0 and usd_b > 0:
+                 "a_data": ga, "b_data": gb, "usd": None, "compute": None}
+        if prompts:
             base = _values(base_path, runs, prompts)
-            per_a = (_values(pa["path"], runs, prompts) - base) / usd_a
-            per_b = (_values(pb["path"], runs, prompts) - base) / usd_b
-            d = per_a - per_b
-            lo, hi = bootstrap_intervals(d[None, :])[0]
-            entry.update(a_gain_per_usd_of_data=float(per_a.mean()), b_gain_per_usd_of_data=float(per_b.mean()),
-                         difference=float(d.mean()), interval=[float(lo), float(hi)])
-            if not (positive(float(per_a.mean())) or positive(float(per_b.mean()))):
-                entry["verdict"] = "neither gains held-out reward here: no data source buys any"
-            elif greater(lo, 0.0):
-                entry["verdict"] = f"{a['chain']['source']} buys more held-out reward per dollar of data"
-            elif less(hi, 0.0):
-                entry["verdict"] = f"{b['chain']['source']} buys more held-out reward per dollar of data"
-            else:
-                entry["verdict"] = ("not told apart: the interval of the difference holds 0 (these prompts do not "
-                                    "say which buys more)")
+            gain_a, gain_b = _values(pa["path"], runs, prompts) - base, _values(pb["path"], runs, prompts) - base
+            for basis, key, scale, unit in (("usd", "usd", 1.0, "dollar"), ("compute", "flops", 1e12, "TFLOP")):
+                cost_a, cost_b = ga[key], gb[key]
+                if cost_a and cost_b and cost_a > 0 and cost_b > 0:
+                    entry[basis] = _verdict(entry["a"], entry["b"], gain_a / (cost_a / scale),
+                                            gain_b / (cost_b / scale), unit)
+        entry["verdict"] = (entry["usd"]["verdict"] if entry["usd"] else
+                            "not compared: no prompt completed by every run, or a data cost of 0")
         out.append(entry)
     return out
 
@@ -371,12 +383,12 @@ def _usd(x) -> str:
     return "n/a" if x is None else f"${x:.3g}"
 
 
-def _iv(mean, iv) -> str:
+def _iv(mean, iv, digits: int = 3) -> str:
+    """A mean and its interval: 3 decimals for rewards; `digits` significant figures otherwise."""
     if mean is None:
         return "n/a"
-    if iv is None:
-        return f"{mean:.3f}"
-    return f"{mean:.3f} [{iv[0]:.3f}, {iv[1]:.3f}]"
+    fmt = (lambda x: f"{x:.3f}") if digits == 3 else (lambda x: f"{x:.{digits}g}")
+    return fmt(mean) if iv is None else f"{fmt(mean)} [{fmt(iv[0])}, {fmt(iv[1])}]"
 
 
 def _flops(x) -> str:
@@ -388,8 +400,8 @@ def _flops(x) -> str:
     return f"{x:.3g} FLOP"
 
 
-def sequence_table(s: dict) -> list[str]:
-    """One sequence as a markdown table: a row per round."""
+def series_table(s: dict) -> list[str]:
+    """One series as a markdown table: a row per round."""
     lines = [f"**{s['label']}**: data from {describe_source(s['chain']['source_method'])}, starting from "
              f"`{s['chain']['base_model']}`; held-out {s['reward']} over the {s['prompts']} prompts every round "
              "completed, with 95% bootstrap intervals.", "",
@@ -418,27 +430,32 @@ def sequence_table(s: dict) -> list[str]:
 def comparison_lines(comparisons: list[dict]) -> list[str]:
     if not comparisons:
         return []
-    lines = ["| round | evaluation | sources | prompts | gain / USD of data (each) | difference [95%] | verdict |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| round | evaluation | sources | prompts | data USD (each) | gain / USD of data (each) | difference "
+             "[95%] | verdict (USD) | gain / TFLOP of data (each) | difference [95%] | verdict (compute) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in comparisons:
-        each = (f"{c['a']} {_f(c.get('a_gain_per_usd_of_data'))}, {c['b']} {_f(c.get('b_gain_per_usd_of_data'))}"
-                if c["difference"] is not None else "n/a")
-        lines.append(f"| {c['round']} | {c['evaluation']} | {c['a']} vs {c['b']} | {c['prompts']} | {each} | "
-                     f"{_iv(c['difference'], c['interval'])} | {c['verdict']} |")
+        cells = []
+        for basis in ("usd", "compute"):
+            v = c[basis]
+            cells += ([f"{c['a']} {_f(v['a'])}, {c['b']} {_f(v['b'])}", _iv(v["difference"], v["interval"], 4),
+                       v["verdict"]] if v else ["n/a", "n/a", "not compared"])
+        lines.append(f"| {c['round']} | {c['evaluation']} | {c['a']} vs {c['b']} | {c['prompts']} | "
+                     f"{c['a']} {_usd(c['a_data']['usd'])}, {c['b']} {_usd(c['b_data']['usd'])} | "
+                     + " | ".join(cells) + " |")
     return lines
 
 
 def markdown_section(block: dict) -> list[str]:
-    """The report's "Rounds of Expert Iteration" section; [] when there is no sequence."""
-    if not block["sequences"]:
+    """The report's "Rounds of Expert Iteration" section; [] when there is no series."""
+    if not block["series"]:
         return []
     lines = ["## Rounds of Expert Iteration", "",
              "Evaluation runs of models trained by rounds of Expert Iteration (their folders' winnow-round.json), "
-             "as sequences: round 0 is the starting model. Costs are the rounds' data runs and training; "
+             "as series: round 0 is the starting model. Costs are the rounds' data runs and training; "
              "evaluation runs are measurement and are shown apart. Gains per USD only where the gain is positive.",
              ""]
-    for s in block["sequences"]:
-        lines += sequence_table(s) + [""]
+    for s in block["series"]:
+        lines += series_table(s) + [""]
     if block["comparisons"]:
         lines += ["### Data sources compared: held-out reward gained per dollar of data", ""]
         lines += comparison_lines(block["comparisons"]) + [""]
@@ -448,9 +465,9 @@ def markdown_section(block: dict) -> list[str]:
 
 
 def terminal_lines(block: dict) -> list[str]:
-    """One line per sequence for the terminal: its held-out reward round by round and its last round's gain."""
+    """One line per series for the terminal: its held-out reward round by round and its last round's gain."""
     out = []
-    for s in block["sequences"]:
+    for s in block["series"]:
         if not s["points"]:
             continue
         steps = " -> ".join(f"round {p['round']} {p['mean_reward']:.3f}" for p in s["points"])
@@ -466,11 +483,11 @@ def terminal_lines(block: dict) -> list[str]:
 
 
 def plot_series(block: dict) -> list[dict]:
-    """The sequences as the rounds plot takes them (`reporting.plots.rounds`)."""
+    """The series as the rounds plot takes them (`reporting.plots.rounds`)."""
     return [{"label": s["label"], "chain": f"{s['chain']['recipe']}/{s['chain']['source']}",
              "evaluation": s["evaluation"], "reward_units": s["reward_units"],
              "rounds": [p["round"] for p in s["points"]], "reward": [p["mean_reward"] for p in s["points"]],
              "low": [p["interval"][0] for p in s["points"]], "high": [p["interval"][1] for p in s["points"]],
              "cumulative_usd": [p["cumulative_cost"]["total"]["usd"] for p in s["points"]],
              "cumulative_data_usd": [p["cumulative_cost"]["generation"]["usd"] for p in s["points"]]}
-            for s in block["sequences"] if s["points"]]
+            for s in block["series"] if s["points"]]

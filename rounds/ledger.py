@@ -22,11 +22,12 @@ def now_iso() -> str:
 
 
 def flat_diff(old, new, prefix: str = "") -> list[str]:
-    """Dotted keys whose values differ between two JSON-like values, with both values."""
+    """Dotted keys whose values differ between two JSON-like values, with both values. A key only `new` has is no
+    difference: a setting added by a later version was not there to be set when `old` was recorded."""
     if isinstance(old, dict) and isinstance(new, dict):
         out = []
-        for key in sorted(set(old) | set(new)):
-            out += flat_diff(old.get(key), new.get(key), f"{prefix}.{key}" if prefix else str(key))
+        for key in sorted(old):
+            out += flat_diff(old[key], new.get(key), f"{prefix}.{key}" if prefix else str(key))
         return out
     return [] if old == new else [f"{prefix or '(value)'}: {json.dumps(old)} -> {json.dumps(new)}"]
 

@@ -40,10 +40,13 @@ from typing import Callable
 
 import yaml
 
+from pipeline.preflight import model_problems
 from reporting.rounds import CostOf, ModelLineage, add_costs, read_lineage, run_costs, write_lineage
 from rounds.config import RecipeConfig
 from rounds.ledger import Ledger, flat_diff
 from rounds.train import INSTALL, fine_tune, missing_packages
+from runfolder.folder import store
+from runfolder.lease import LEASE_FILE, Lease, lease_path
 from runfolder.runs import load_run, load_runs
 from schemas.base import ConfigError, InputError
 from schemas.config import validate_config
@@ -197,8 +200,6 @@ class Recipe:
 
     def check(self, ledger: Ledger | None) -> None:
         """Every problem at once (InputError); nothing is written."""
-        from pipeline.preflight import model_problems
-
         problems: list[str] = []
         if "://" in self.config.out:
             problems.append(f"out: {self.config.out!r}: the recipe's folder must be local (models are trained and "
@@ -206,7 +207,7 @@ class Recipe:
             raise InputError(problems)
         if os.path.isfile(self.root):
             problems.append(f"out: {self.root} is a file, not a folder")
-        elif ledger is None and os.path.isdir(self.root) and os.listdir(self.root):
+        elif ledger is None and os.path.isdir(self.root) and set(os.listdir(self.root)) - {LEASE_FILE}:
             problems.append(f"out: {self.root} exists, is not empty and holds no {self.at('recipe.json')}; give "
                             "an empty or new folder")
         seen: dict[str, str] = {}
@@ -252,9 +253,7 @@ class Recipe:
 
     def run(self) -> dict:
         """Do every step not yet done, then write the summary; returns it (`rounds.summary.write_summary`)."""
-        from rounds.summary import write_summary
-        from runfolder.folder import store
-        from runfolder.lease import Lease, lease_path
+        from rounds.summary import write_summary  # it imports the plots (matplotlib): only when a recipe runs
 
         try:
             ledger = Ledger.read(self.root)

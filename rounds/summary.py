@@ -12,7 +12,7 @@ import json
 import os
 
 from reporting import plots
-from reporting.rounds import build_sequences, comparison_lines, describe_source, plot_series, sequence_table
+from reporting.rounds import build_series, comparison_lines, describe_source, plot_series, series_table
 from reporting.stats import finite
 from runfolder.runs import load_runs, unique_labels
 
@@ -26,7 +26,7 @@ def _write(path: str, data: bytes) -> None:
 
 def answer(block: dict) -> list[str]:
     """The recipe's question answered in words, from the comparisons of the last round each pair reached under a
-    one-sample evaluation (greedy where there is none)."""
+    one-sample evaluation (greedy where there is none): per USD of data, and per TFLOP of data."""
     comps = block["comparisons"]
     if not comps:
         return ["One data source only (or no round finished): nothing to compare."]
@@ -34,14 +34,20 @@ def answer(block: dict) -> list[str]:
     last = max(c["round"] for c in sample)
     out = []
     for c in (c for c in sample if c["round"] == last):
-        if c["difference"] is None:
+        if c["usd"] is None:
             out.append(f"Round {last}, {c['a']} against {c['b']} ({c['evaluation']}): {c['verdict']}.")
             continue
-        out.append(
-            f"Round {last}, {c['evaluation']} on {c['prompts']} held-out prompts: {c['a']} gained "
-            f"{c['a_gain_per_usd_of_data']:.4g} held-out reward per USD of data (${c['a_usd_of_data']:.3g} of data), "
-            f"{c['b']} {c['b_gain_per_usd_of_data']:.4g} (${c['b_usd_of_data']:.3g}); difference "
-            f"{c['difference']:.4g} [{c['interval'][0]:.4g}, {c['interval'][1]:.4g}]: **{c['verdict']}**.")
+        u = c["usd"]
+        line = (f"Round {last}, {c['evaluation']}, {c['prompts']} held-out prompts: {c['a']} gained "
+                f"{u['a']:.4g} held-out reward per USD of data (${c['a_data']['usd']:.3g} of data), {c['b']} "
+                f"{u['b']:.4g} (${c['b_data']['usd']:.3g}); difference {u['difference']:.4g} "
+                f"[{u['interval'][0]:.4g}, {u['interval'][1]:.4g}]: **{u['verdict']}**.")
+        if c["compute"] is not None:
+            f = c["compute"]
+            line += (f" On compute, which does not move with the machine's load: {c['a']} {f['a']:.4g} and "
+                     f"{c['b']} {f['b']:.4g} per TFLOP of data, difference {f['difference']:.4g} "
+                     f"[{f['interval'][0]:.4g}, {f['interval'][1]:.4g}]: **{f['verdict']}**.")
+        out.append(line)
     return out
 
 
@@ -64,11 +70,11 @@ def render(recipe, ledger, block: dict, runs: list[str]) -> str:
     lines += answer(block) + [""]
     lines += comparison_lines(block["comparisons"]) + ([""] if block["comparisons"] else [])
     lines += ["## Held-out reward by round", ""]
-    for s in block["sequences"]:
-        lines += sequence_table(s) + [""]
+    for s in block["series"]:
+        lines += series_table(s) + [""]
     for note in block["notes"]:
         lines += [f"**Note:** {note}.", ""]
-    if block["sequences"]:
+    if block["series"]:
         lines += ["![Held-out reward and cumulative cost by round](rounds.png)", ""]
     lines += ["## Steps", "", "| step | seconds (wall) | what it made |", "|---|---|---|"]
     for step in recipe.steps:
@@ -91,7 +97,7 @@ def write_summary(recipe, ledger) -> dict:
     paths = [s.path for s in recipe.steps if s.kind == "generate" and s.id.rsplit("/", 1)[-1].startswith("eval-")
              and ledger.done(s.id)]
     runs = load_runs(paths)
-    block = finite(build_sequences(runs, unique_labels(runs)))
+    block = finite(build_series(runs, unique_labels(runs)))
     series = plot_series(block)
     if series:
         _write(recipe.at("rounds.png"), plots.rounds(series))

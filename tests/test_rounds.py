@@ -1,5 +1,5 @@
 """`winnow rounds`, Expert Iteration closed: the concept-set prompts it trains and evaluates on, its config and plan,
-the round sequence in `winnow report` (hand-made runs, no Ray), and on the tiny trio (slow: Ray and TRL) a round
+the round series in `winnow report` (hand-made runs, no Ray), and on the tiny trio (slow: Ray and TRL) a round
 whose held-out reward rises beyond its interval, an empty SFT set, a failed training and kills at the training and
 evaluation steps, each continued by the same command."""
 
@@ -93,9 +93,16 @@ def write_recipe(path: Path, cfg: dict) -> Path:
     return path
 
 
-def test_the_shipped_recipes_validate():
-    for path in sorted((ROOT / "examples").glob("rounds-*.yaml")):
-        validate_recipe(yaml.safe_load(path.read_text()), str(path))
+def test_the_shipped_recipes_validate_with_every_job_config_they_make():
+    from schemas.config import validate_config
+
+    paths = sorted((ROOT / "examples").glob("rounds-*.yaml"))
+    assert [p.name for p in paths] == ["rounds-smollm2.yaml", "rounds-tiny.yaml"]
+    for path in paths:
+        recipe = Recipe(validate_recipe(yaml.safe_load(path.read_text()), str(path)), "test", None, None, None)
+        for step in recipe.steps:
+            if step.kind == "generate":
+                validate_config(step.config)
 
 
 def test_the_plan_names_every_folder_and_run_by_round(tmp_path):
@@ -148,8 +155,30 @@ def test_a_folder_that_holds_something_else_is_refused(tmp_path, capsys):
     assert os.listdir(tmp_path / "ei") == ["notes.txt"]
 
 
+def test_a_finished_step_made_with_other_settings_is_refused_before_anything_runs(tmp_path, capsys):
+    from rounds.ledger import Ledger
+
+    cfg = validate_recipe(recipe_dict(tmp_path / "ei"))
+    recipe = Recipe(cfg, "test", None, None, None)
+    ledger = Ledger.new(recipe.root, "tiny", cfg.model_dump(mode="json"), "test")
+    os.makedirs(recipe.root)
+    made = recipe.inputs(recipe.step("prompts"))
+    made["prompts"] = {**made["prompts"], "seed": 1}
+    del made["prompts"]["id_column"]  # a setting a later version added: no difference
+    ledger.finish("prompts", "prompts", made, {}, 0.0)
+    ledger.finish("round-1/bon/train", "train", {**recipe.inputs(recipe.step("round-1/bon/train")), "seed": 7}, {}, 0.0)
+    before = sorted(os.listdir(recipe.root))
+    path = write_recipe(tmp_path / "recipe.yaml", recipe_dict(tmp_path / "ei"))
+    assert rounds_cli.main([str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "prompts: finished with other settings than the recipe's now (prompts.seed: 1 -> 0)" in err
+    assert "round-1/bon/train: finished with other settings than the recipe's now (seed: 7 -> 0)" in err
+    assert "id_column" not in err
+    assert sorted(os.listdir(recipe.root)) == before
+
+
 # ---------------------------------------------------------------------------------------------------------------
-# The round sequence in `winnow report` (hand-made runs and lineages)
+# The round series in `winnow report` (hand-made runs and lineages)
 
 
 def _lineage(tmp_path, source: str, k: int, gen_usd: float, train_usd: float, previous: ModelLineage | None = None):
@@ -177,14 +206,14 @@ def _eval_run(tmp_path, name: str, target: str, shift: float) -> str:
                      models={"target": target}, parameters={"target": 1000})
 
 
-def test_report_shows_evaluation_runs_as_a_sequence_of_rounds(tmp_path):
+def test_report_shows_evaluation_runs_as_a_series_of_rounds(tmp_path):
     bon1, lin1 = _lineage(tmp_path, "bon", 1, 0.01, 0.02)
     bon2, _ = _lineage(tmp_path, "bon", 2, 0.01, 0.02, previous=lin1)
     sr1, _ = _lineage(tmp_path, "sr", 1, 0.005, 0.02)
     uris = [_eval_run(tmp_path, "r0", "builtin:tiny-target", 0.0), _eval_run(tmp_path, "bon1", bon1, 0.2),
             _eval_run(tmp_path, "bon2", bon2, 0.3), _eval_run(tmp_path, "sr1", sr1, 0.15)]
     report = build_report(load_runs(uris), 0)
-    seqs = {s["chain"]["source"]: s for s in report["rounds"]["sequences"]}
+    seqs = {s["chain"]["source"]: s for s in report["rounds"]["series"]}
     assert set(seqs) == {"bon", "sr"}
     bon = seqs["bon"]
     assert [p["round"] for p in bon["points"]] == [0, 1, 2] and bon["prompts"] == 6  # round 0 joins both chains
@@ -199,11 +228,14 @@ def test_report_shows_evaluation_runs_as_a_sequence_of_rounds(tmp_path):
     assert p1["evaluation_cost"]["device_seconds"] == pytest.approx(3.0)
     (comp,) = report["rounds"]["comparisons"]  # round 1: bon 0.2 / $0.01 = 20, sr 0.15 / $0.005 = 30
     assert (comp["round"], comp["a"], comp["b"]) == (1, "bon", "sr")
-    assert comp["difference"] == pytest.approx(-10.0)
-    assert comp["verdict"] == "sr buys more held-out reward per dollar of data"
+    assert comp["usd"]["difference"] == pytest.approx(-10.0) and comp["usd"]["interval"] == pytest.approx([-10, -10])
+    assert comp["verdict"] == comp["usd"]["verdict"] == "sr buys more held-out reward per dollar of data"
+    # on compute both spent 1 TFLOP of data: sr's 0.15 against bon's 0.2 per TFLOP
+    assert comp["compute"]["difference"] == pytest.approx(0.05)
+    assert comp["compute"]["verdict"] == "bon buys more held-out reward per TFLOP of data"
     md = render_markdown(report, {})
     assert "## Rounds of Expert Iteration" in md and "0.200 [0.200, 0.200] **rises**" in md
-    assert "| 1 | best_of_n | bon vs sr | 6 | bon 20, sr 30 |" in md
+    assert "| 1 | best_of_n | bon vs sr | 6 | bon $0.01, sr $0.005 | bon 20, sr 30 | -10 [-10, -10] |" in md
 
 
 def test_report_files_carry_the_rounds_and_runs_without_lineage_keep_the_old_report(tmp_path, capsys):
@@ -215,11 +247,11 @@ def test_report_files_carry_the_rounds_and_runs_without_lineage_keep_the_old_rep
     out = capsys.readouterr().out
     assert "Rounds, toy/bon" in out and "rises beyond its interval" in out
     data = json.loads((tmp_path / "rep" / "report.json").read_text())
-    assert [p["round"] for p in data["rounds"]["sequences"][0]["points"]] == [0, 1]
+    assert [p["round"] for p in data["rounds"]["series"][0]["points"]] == [0, 1]
     assert (tmp_path / "rep" / "rounds_reward_and_cumulative_cost.png").is_file()
     plain = [_eval_run(tmp_path, "a", "builtin:tiny-target", 0.0), _eval_run(tmp_path, "b", "builtin:tiny-target", 0.1)]
     report = build_report(load_runs(plain), 0)
-    assert report["rounds"] == {"sequences": [], "comparisons": [], "notes": []}
+    assert report["rounds"] == {"series": [], "comparisons": [], "notes": []}
     assert "Rounds of Expert Iteration" not in render_markdown(report, {})
 
 
@@ -290,7 +322,7 @@ def test_a_round_raises_held_out_reward_and_survives_an_empty_sft_set_and_a_fail
 
     # held-out single-sample reward rises beyond its interval (measured: 0.30 -> 0.46, gain [0.09, 0.23])
     summary = json.loads((out / "summary.json").read_text())
-    (seq,) = summary["sequences"]
+    (seq,) = summary["series"]
     r0, r1 = seq["points"]
     assert (r0["round"], r1["round"], seq["prompts"]) == (0, 1, 64)
     assert r1["rises_beyond_interval"], (r0["mean_reward"], r1["mean_reward"], r1["gain_interval"])
@@ -350,4 +382,22 @@ def test_a_recipe_killed_at_training_then_at_evaluation_continues(ray_session, t
         assert collections.Counter(_rows(out / run)) == collections.Counter(heldout), run  # each prompt once
     ledger = _ledger(out)
     assert ledger["status"] == "succeeded" and len(ledger["steps"]) == 8
-    assert [p["round"] for p in json.loads((out / "summary.json").read_text())["sequences"][0]["points"]] == [0, 1]
+    assert [p["round"] for p in json.loads((out / "summary.json").read_text())["series"][0]["points"]] == [0, 1]
+
+
+def test_every_recipe_key_is_in_the_docs():
+    from pydantic import BaseModel
+
+    from rounds import config
+
+    def keys(model, prefix=""):
+        for name, field in model.model_fields.items():  # the leaves: sections are not keys of their own
+            sections = [arg for arg in getattr(field.annotation, "__args__", ()) or (field.annotation,)
+                        if isinstance(arg, type) and issubclass(arg, BaseModel) and arg.__module__ == config.__name__]
+            for section in sections:
+                yield from keys(section, f"{prefix}{name}.")
+            if not sections:
+                yield prefix + name
+
+    doc = (ROOT / "docs" / "expert-iteration.md").read_text()
+    assert [k for k in keys(config.RecipeConfig) if f"`{k}`" not in doc] == []
