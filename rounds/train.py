@@ -45,6 +45,7 @@ class Trained:
     """What one fine-tune did and cost (module docstring)."""
 
     device: str
+    threads: int | None  # torch's CPU threads while training (None on a GPU)
     devices: int
     wall_seconds: float  # the training loop
     device_seconds: float
@@ -96,6 +97,9 @@ def fine_tune(parent: str, dataset_dir: str, out: str, cfg: TrainConfig, seed: i
     device = _device(cfg.device)
     tmp = f"{out}.tmp-{uuid.uuid4().hex[:12]}"
     os.makedirs(tmp)
+    threads = torch.get_num_threads()
+    if device == "cpu" and cfg.cpu_threads is not None:
+        torch.set_num_threads(cfg.cpu_threads)
     try:
         tokenizer = AutoTokenizer.from_pretrained(parent)
         model = AutoModelForCausalLM.from_pretrained(parent, dtype=torch.float32)
@@ -130,14 +134,15 @@ def fine_tune(parent: str, dataset_dir: str, out: str, cfg: TrainConfig, seed: i
         else:
             loss_per_epoch = per_epoch
         trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
-        log(f"training {method} of {parent} on {len(train)} examples ({per_epoch} tokens an epoch) on {device}, "
+        where = f"{device}, {torch.get_num_threads()} thread(s)" if device == "cpu" else device
+        log(f"training {method} of {parent} on {len(train)} examples ({per_epoch} tokens an epoch) on {where}, "
             f"{cfg.epochs:g} epoch(s)")
         started = time.perf_counter()
         result = trainer.train()
         wall = time.perf_counter() - started
         tokens = round(per_epoch * cfg.epochs)
         trained = Trained(
-            device=device, devices=1, wall_seconds=wall, device_seconds=wall * 1, examples=len(train),
+            device=device, threads=torch.get_num_threads() if device == "cpu" else None, devices=1, wall_seconds=wall, device_seconds=wall * 1, examples=len(train),
             epochs=cfg.epochs, steps=int(result.global_step), tokens=tokens,
             loss_tokens=round(loss_per_epoch * cfg.epochs), parameters=parameters, trainable_parameters=trainable,
             flops=float((4 if cfg.lora is not None else 6) * parameters * tokens),
@@ -153,5 +158,6 @@ def fine_tune(parent: str, dataset_dir: str, out: str, cfg: TrainConfig, seed: i
         os.rename(tmp, out)
         return trained
     finally:
+        torch.set_num_threads(threads)
         if os.path.exists(tmp):
             shutil.rmtree(tmp, ignore_errors=True)
