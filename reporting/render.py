@@ -4,7 +4,8 @@ The numbers come from `reporting.stats`, `reporting.cost` and `reporting.frontie
 report's own "Definitions" section); this module groups the runs by reward definition (runs whose rewards are on
 different scales are never ranked together: each group gets its own frontier and baseline), orders the numbers,
 writes the headline of each group (the cost-reward frontier, the dominated runs and what dominates them, and the
-runs below the baseline's reward) and the lines said on the terminal, and writes the files.
+runs below the baseline's reward) and the lines said on the terminal, and writes the files. Evaluation runs of
+models trained by rounds of Expert Iteration are also shown as series of rounds (`reporting.rounds`).
 """
 
 from __future__ import annotations

@@ -263,6 +263,22 @@ def test_report_files_carry_the_rounds_and_runs_without_lineage_keep_the_old_rep
     assert "Rounds of Expert Iteration" not in render_markdown(report, {})
 
 
+def test_the_rounds_plot_draws_every_series_and_each_chain_s_costs(tmp_path):
+    from reporting import plots
+    from reporting.rounds import build_series, plot_series
+
+    bon1, _ = _lineage(tmp_path, "bon", 1, 0.01, 0.02)
+    sr1, _ = _lineage(tmp_path, "sr", 1, 0.005, 0.02)
+    runs = load_runs([_eval_run(tmp_path, "r0", "builtin:tiny-target", 0.0), _eval_run(tmp_path, "bon1", bon1, 0.2),
+                      _eval_run(tmp_path, "sr1", sr1, 0.15)])
+    fig = plots.rounds_figure(plot_series(build_series(runs, [r.name for r in runs])))
+    gids = sorted({a.get_gid() for ax in fig.axes for a in ax.get_children() if a.get_gid()})
+    assert gids == ["cost:toy/bon", "cost:toy/sr", "data-cost:toy/bon", "data-cost:toy/sr",
+                    "series:toy/bon, best_of_n", "series:toy/sr, best_of_n"]
+    assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()][:2] == ["toy/bon, best_of_n",
+                                                                                  "toy/sr, best_of_n"]
+
+
 def test_a_damaged_lineage_is_named(tmp_path):
     bon1, _ = _lineage(tmp_path, "bon", 1, 0.01, 0.02)
     Path(bon1, LINEAGE_FILE).write_text("{not json")
