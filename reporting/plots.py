@@ -442,3 +442,56 @@ def correlation_histograms_figure(pearson: list[float], kendall: list[float], ti
 def correlation_histograms(pearson: list[float], kendall: list[float], title: str) -> bytes:
     """PNG of correlation_histograms_figure."""
     return _png(correlation_histograms_figure(pearson, kendall, title))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# (f) Rounds of Expert Iteration: held-out reward and cumulative cost by round
+
+
+def rounds_figure(series: list[dict]) -> Figure:
+    """Two panels over the round (x): above, each series' held-out reward with its bootstrap interval (one color
+    per chain, one line style per evaluation); below, each chain's cumulative USD, data and training together
+    (solid) and data alone (dashed). series: dicts of `reporting.rounds.plot_series`."""
+    fig = _new_figure(10.5, 6.4)
+    top, bottom = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 2]})
+    fig.subplots_adjust(left=0.09, right=0.64, bottom=0.09, top=0.93, hspace=0.08)
+    chains = list(dict.fromkeys(s["chain"] for s in series))
+    evaluations = list(dict.fromkeys(s["evaluation"] for s in series))
+    colors = {c: f"C{i % 10}" for i, c in enumerate(chains)}
+    styles = {e: ("-", "--", ":", "-.")[i % 4] for i, e in enumerate(evaluations)}
+    markers = {e: ("o", "s", "^", "D")[i % 4] for i, e in enumerate(evaluations)}
+    handles = []
+    for n, s in enumerate(series):
+        shift = 0.05 * (n - (len(series) - 1) / 2)  # side by side, so every interval stays visible
+        xs = [r + shift for r in s["rounds"]]
+        err = [[m - lo for m, lo in zip(s["reward"], s["low"])], [hi - m for m, hi in zip(s["reward"], s["high"])]]
+        h = top.errorbar(xs, s["reward"], yerr=err, color=colors[s["chain"]], ls=styles[s["evaluation"]],
+                         marker=markers[s["evaluation"]], ms=5, capsize=3, lw=1.3, gid=f"series:{s['label']}",
+                         label=s["label"])
+        handles.append(h)
+    top.set_ylabel(f"held-out reward ({series[0]['reward_units']})" if series else "held-out reward")
+    top.grid(True, alpha=0.3)
+    top.set_title("Held-out reward by round (95% bootstrap intervals) and what the rounds cost", fontsize=10)
+    seen = set()
+    for s in series:
+        if s["chain"] in seen:
+            continue
+        seen.add(s["chain"])
+        c = colors[s["chain"]]
+        handles.append(bottom.plot(s["rounds"], s["cumulative_usd"], color=c, marker="o", ms=4, lw=1.3,
+                                   gid=f"cost:{s['chain']}", label=f"{s['chain']}: cumulative USD, data + training")[0])
+        handles.append(bottom.plot(s["rounds"], s["cumulative_data_usd"], color=c, ls="--", marker=".", lw=1.0,
+                                   gid=f"data-cost:{s['chain']}", label=f"{s['chain']}: cumulative USD of data")[0])
+    bottom.set_ylabel("cumulative USD")
+    bottom.yaxis.set_major_formatter(FuncFormatter(_usd_tick))
+    bottom.set_xlabel("round (0: the starting model)")
+    bottom.grid(True, alpha=0.3)
+    rounds = sorted({r for s in series for r in s["rounds"]})
+    bottom.set_xticks(rounds)
+    _legend_outside(top, handles)
+    return fig
+
+
+def rounds(series: list[dict]) -> bytes:
+    """PNG of rounds_figure."""
+    return _png(rounds_figure(series))

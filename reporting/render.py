@@ -4,7 +4,8 @@ The numbers come from `reporting.stats`, `reporting.cost` and `reporting.frontie
 report's own "Definitions" section); this module groups the runs by reward definition (runs whose rewards are on
 different scales are never ranked together: each group gets its own frontier and baseline), orders the numbers,
 writes the headline of each group (the cost-reward frontier, the dominated runs and what dominates them, and the
-runs below the baseline's reward) and the lines said on the terminal, and writes the files.
+runs below the baseline's reward) and the lines said on the terminal, and writes the files. Evaluation runs of
+models trained by rounds of Expert Iteration are also shown as series of rounds (`reporting.rounds`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import posixpath
 import re
 
 from reporting import plots as report_plots
+from reporting import rounds as report_rounds
 from reporting.cost import COMPUTE, USD, run_cost
 from reporting.frontier import build_frontier, fmt_cost, fmt_pair
 from reporting.stats import compare, correlation_points, correlations, finite, ok_rows, run_summary, sample_prompt
@@ -147,6 +149,7 @@ def build_report(runs: list[Run], base_index: int, basis: str = COMPUTE, resolve
         "notes": _notes(runs, grouped, groups, from_folders),
         "definitions": DEFINITIONS,
         "runs": entries,
+        "rounds": report_rounds.build_series(runs, labels),
     })
 
 
@@ -274,6 +277,7 @@ def terminal_summary(report: dict) -> str:
         if len(report["groups"]) > 1:
             parts.append(f"Scored by {g['reward']} (baseline {g['baseline']}):")
         parts.append(headline(report, g))
+    parts += report_rounds.terminal_lines(report["rounds"])
     return "\n\n".join(parts).replace("**", "")
 
 
@@ -295,6 +299,7 @@ def render_markdown(report: dict, plots: dict[str, str]) -> str:
         lines += _ranking_section(report, g, h)
         lines += _baseline_section(report, g, h)
         lines.append("")
+    lines += report_rounds.markdown_section(report["rounds"])
     lines += ["## Runs", "",
               "| run | method | engine | status | reward | prompts | errors | mean best reward [95% interval] "
               "(std) | generated tokens / prompt | target / draft / reward tokens per prompt | parameters (target / "
@@ -482,6 +487,10 @@ def draw_plots(runs: list[Run], report: dict) -> dict[str, tuple[str, bytes]]:
     several = len(report["groups"]) > 1
     for n, g in enumerate(report["groups"]):
         out.update(_group_plots(report, n, runs, f"_{_slug(g['reward_kind'])}" if several else "", taken))
+    series = report_rounds.plot_series(report["rounds"])
+    if series:
+        out["Held-out reward and cumulative cost by round (rounds of Expert Iteration)"] = (
+            _unique("rounds_reward_and_cumulative_cost.png", taken), report_plots.rounds(series))
     for e, run in zip(report["runs"], runs):
         pid = sample_prompt(run)
         if pid is None or not e["correlation"]["records"]:
