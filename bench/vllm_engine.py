@@ -14,7 +14,11 @@ Prints (Markdown tables; `--json PATH` also writes every figure):
    in process, eager, no chunked prefill, block size 32 on CPU), alternating, in one process; the hf engine in
    another (a vLLM CPU engine pins its process's threads). The wrapper's overhead is printed as raw/wrapper
    tokens-per-second - 1 (wall-clock, best run) and as wrapper/raw CPU seconds per token - 1 (the process's CPU
-   time, least of the runs: steadier on a loaded machine); goal: at most 10% at N = 64.
+   time, least of the runs: steadier on a loaded machine); goal: at most 10% at N = 64. The wrapper asks vLLM for
+   each sampled token's log-probability (the `logprob` reward and every row's perplexity come from them), which raw
+   ``LLM.generate`` does not compute by default: a third side, raw vLLM with the same log-probabilities, splits the
+   overhead into what those cost vLLM (``logprobs_cost_cpu``) and what the wrapper adds to the same outputs
+   (``wrapper_overhead_cpu_same_outputs``).
    ``--target builtin:tiny-target`` (default) or ``--shape llama-32k|qwen2-152k``: a random-init checkpoint of
    bench/engine_scale.py's realistic shapes (its ``quick`` sizes), whose responses run to the length limit.
 2. **Speculative Rejection against Best-of-N** on the tiny trio with the vllm engine and the tiny reward model: a
@@ -109,25 +113,31 @@ def side_runner(side: str, target: str, ns: list[int], items: list[dict], per_ca
     llm = held["llm"]
     ids = {it["prompt_id"]: first.encode_prompt(it["prompt"]) for it in items}
 
-    def generate(n: int):
+    def generate(n: int, logprobs: bool = False):
+        """LLM.generate; with `logprobs`, each sampled token's log-probability as the wrapper asks for it."""
+        extra = {"logprobs": 0, "flat_logprobs": True} if logprobs else {}
         counts = []
         for chunk in chunks(items, per_call):
             params = [SamplingParams(n=n, seed=candidate_seed(0, prompt_key(it["prompt_id"]), 0), temperature=1.0,
                                      top_p=1.0, top_k=0, max_tokens=max_new_tokens, stop_token_ids=first.eos_ids,
-                                     detokenize=False) for it in chunk]
+                                     detokenize=False, **extra) for it in chunk]
             res = llm.generate([{"prompt_token_ids": ids[it["prompt_id"]]} for it in chunk], params, use_tqdm=False)
             counts += [[len(c.token_ids) for c in sorted(r.outputs, key=lambda c: c.index)] for r in res]
         return counts
 
     for n in [4] + ns:  # N = 4: warm-up
         runner = Runner(job(target, {"name": "best_of_n", "n": n}, "vllm", max_new_tokens), share=first)
-        raw, wrapped = [], []
+        raw, raw_lp, wrapped = [], [], []
         for _ in range(repeats):
             raw.append(timed(lambda: generate(n), 1))
+            raw_lp.append(timed(lambda: generate(n, logprobs=True), 1))
             wrapped.append(timed(lambda: [r for c in chunks(items, per_call) for r in runner.run(c)], 1))
         (rt, counts), (vt, rows) = min(raw, key=lambda x: x[0]["wall"]), min(wrapped, key=lambda x: x[0]["wall"])
+        lt, lp_counts = min(raw_lp, key=lambda x: x[0]["wall"])
         rt["cpu"], vt["cpu"] = min(x[0]["cpu"] for x in raw), min(x[0]["cpu"] for x in wrapped)
+        lt["cpu"] = min(x[0]["cpu"] for x in raw_lp)
         out[n] = {"raw": {**rt, "tokens": sum(map(sum, counts)), "counts": counts},
+                  "raw_lp": {**lt, "tokens": sum(map(sum, lp_counts)), "counts": lp_counts},
                   "vllm": {**vt, "tokens": sum(r["stats"]["generated_tokens"] for r in rows),
                            "counts": [[c["num_tokens"] for c in r["candidates"]] for r in rows]}}
     return out
@@ -245,27 +255,31 @@ def main(argv: list[str] | None = None) -> int:
             tmp = tempfile.TemporaryDirectory(prefix="winnow-vllm-bench-")
             target = str(build_checkpoints(Path(tmp.name), args.shape, SHAPES["quick"][args.shape], False)["target"])
         both, hf = run_side(args, "vllm", target), run_side(args, "hf", target)
-        sides = {"raw": {n: v["raw"] for n, v in both.items()}, "vllm": {n: v["vllm"] for n, v in both.items()},
-                 "hf": hf}
+        sides = {"raw": {n: v["raw"] for n, v in both.items()}, "raw_lp": {n: v["raw_lp"] for n, v in both.items()},
+                 "vllm": {n: v["vllm"] for n, v in both.items()}, "hf": hf}
         if tmp is not None:
             tmp.cleanup()
         rows = {}
         for n in ns:
             r, v, h = (sides[s][str(n)] for s in ("raw", "vllm", "hf"))
             tps = {s: sides[s][str(n)]["tokens"] / sides[s][str(n)]["wall"] for s in sides}
-            cpu_per_token = {s: sides[s][str(n)]["cpu"] / sides[s][str(n)]["tokens"] for s in ("raw", "vllm")}
+            cpu_per_token = {s: sides[s][str(n)]["cpu"] / sides[s][str(n)]["tokens"] for s in ("raw", "raw_lp", "vllm")}
             rows[f"N = {n}"] = {
                 "raw_vllm_tok_per_s": tps["raw"], "engine_vllm_tok_per_s": tps["vllm"],
                 "engine_hf_tok_per_s": tps["hf"], "wrapper_overhead": tps["raw"] / tps["vllm"] - 1,
                 "wrapper_overhead_cpu": cpu_per_token["vllm"] / cpu_per_token["raw"] - 1,
-                "vllm_vs_hf": tps["vllm"] / tps["hf"], "same_tokens_as_raw": r["counts"] == v["counts"],
+                "logprobs_cost_cpu": cpu_per_token["raw_lp"] / cpu_per_token["raw"] - 1,
+                "wrapper_overhead_cpu_same_outputs": cpu_per_token["vllm"] / cpu_per_token["raw_lp"] - 1,
+                "vllm_vs_hf": tps["vllm"] / tps["hf"],
+                "same_tokens_as_raw": r["counts"] == v["counts"] == sides["raw_lp"][str(n)]["counts"],
                 "tokens_vllm": v["tokens"], "tokens_hf": h["tokens"],
             }
         report["throughput"] = rows
         print(table(f"Best-of-N throughput on {args.shape or args.target}: raw vLLM (LLM.generate, n=N) vs engine "
                     "vllm vs engine hf, generated tokens/s", rows,
                     ["raw_vllm_tok_per_s", "engine_vllm_tok_per_s", "engine_hf_tok_per_s", "wrapper_overhead",
-                     "wrapper_overhead_cpu", "vllm_vs_hf", "same_tokens_as_raw", "tokens_vllm", "tokens_hf"], first="N"))
+                     "wrapper_overhead_cpu", "logprobs_cost_cpu", "wrapper_overhead_cpu_same_outputs", "vllm_vs_hf",
+                     "same_tokens_as_raw", "tokens_vllm", "tokens_hf"], first="N"))
     if "sr" in sections:
         res = run_side(args, "sr", "builtin:tiny-target")
         bon = {int(k.split("-")[-1]): v for k, v in res.items() if k.startswith("Best-of-")}

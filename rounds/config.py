@@ -13,11 +13,10 @@ import re
 from pathlib import Path
 from typing import Literal
 
-import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from schemas.base import ConfigError, InputError, Strict, describe_validation_error
-from schemas.config import Reward, apply_overrides
+from schemas.config import Reward, apply_overrides, read_yaml_mapping
 from schemas.methods import Method
 from sftdata.select import parse_select
 
@@ -176,18 +175,5 @@ def validate_recipe(data, source: str | None = None) -> RecipeConfig:
 
 def load_recipe(path: str | Path, overrides: list[str] | None = None) -> RecipeConfig:
     """Read a recipe YAML, apply ``--set`` overrides, validate; ConfigError naming every problem otherwise."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError([f"{path}: recipe file not found"], str(path))
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError([f"{path}: malformed YAML{where}: {getattr(err, 'problem', err)}"], str(path)) from None
-    except UnicodeDecodeError:
-        raise ConfigError([f"{path}: not a text file"], str(path)) from None
-    raw = {} if raw is None else raw
-    if not isinstance(raw, dict):
-        raise ConfigError([f"{path}: expected a mapping of sections at the top level"], str(path))
+    raw = read_yaml_mapping(path, "recipe", "recipe config")
     return validate_recipe(apply_overrides(raw, overrides or []), str(path))

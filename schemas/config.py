@@ -328,16 +328,17 @@ def validate_config(data: Any, source: str | None = None) -> JobConfig:
         raise ConfigError(problems, source) from None
 
 
-def load_config(path: str | Path, overrides: list[str] | None = None) -> JobConfig:
-    """Read a YAML config, apply ``--set`` overrides, validate. Raises ConfigError on any problem."""
+def read_yaml_mapping(path: str | Path, what: str = "config", kind: str = "job config") -> dict:
+    """A YAML file (a `what` file, such as a `kind`) whose top level is a mapping (empty: {}); ConfigError naming the
+    file and what is wrong with it."""
     path = Path(path)
     if path.is_dir():
         inside = sorted(p.name for p in path.glob("*.y*ml"))[:5]
         hint = f" (it holds {', '.join(inside)})" if inside else ""
-        raise ConfigError([f"{path}: is a folder, not a config file; give the path of a YAML job config{hint}"],
+        raise ConfigError([f"{path}: is a folder, not a {what} file; give the path of a YAML {kind}{hint}"],
                           str(path))
     if not path.is_file():
-        raise ConfigError([f"{path}: config file not found"], str(path))
+        raise ConfigError([f"{path}: {what} file not found"], str(path))
     try:
         raw = yaml.safe_load(path.read_text())
     except yaml.YAMLError as err:
@@ -352,5 +353,11 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> JobConf
         raw = {}
     if not isinstance(raw, dict):
         raise ConfigError([f"{path}: expected a mapping of sections at the top level"], str(path))
+    return raw
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> JobConfig:
+    """Read a YAML config, apply ``--set`` overrides, validate. Raises ConfigError on any problem."""
+    raw = read_yaml_mapping(path)
     raw = apply_overrides(raw, overrides or [])
     return validate_config(raw, str(path))
