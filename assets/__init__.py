@@ -35,7 +35,7 @@ BUILTINS: dict[str, str] = {
     "real-concepts": "real-prompts/concepts.jsonl",  # the 48 concept-sentence prompts alone (id, prompt, concepts)
 }
 
-# built on the node that uses them: name -> its module (ensure, cache_folder, unavailable, status, ROLE), imported
+# built on the node that uses them: name -> its module (ensure, cache_folder, unavailable, status, parameters, ROLE), imported
 # when first needed (so that `python -m assets.smollm2` runs it once)
 BUILT: dict[str, str] = {"smollm2-135m-instruct": "assets.smollm2"}
 
@@ -94,6 +94,15 @@ def unavailable(spec: str) -> str | None:
 def role(spec: str) -> str | None:
     """What an asset built on the node is (`stores.model_folders.CAUSAL_LM` or `REWARD`); None for other specs."""
     return _built(_name(spec)).ROLE if builds_on_node(spec) else None
+
+
+def built_parameters(spec: str) -> int:
+    """Parameters of the model an asset built on the node names, counted from its source without building it
+    (`smollm2.parameters`); KeyError when `spec` names no such asset, `smollm2.AssetUnavailable` when its extra is
+    missing."""
+    if not builds_on_node(spec):
+        raise KeyError(f"{spec} is not an asset built on the node that uses it")
+    return _built(_name(spec)).parameters()
 
 
 def resolve(spec: str) -> str:

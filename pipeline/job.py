@@ -41,7 +41,7 @@ import ray.data
 from ray.data.checkpoint import CheckpointConfig
 
 from pipeline.faults import INFLIGHT
-from pipeline.preflight import model_problems, resolved, working_dir_problems
+from pipeline.preflight import count_model, model_problems, resolved, working_dir_problems
 from pipeline.prompts import Source, check_source, source_location, write_prompts
 from pipeline.raydata import data_context, own_deprecations, quiet_ray_data, ray_init_options, short_error
 from runfolder.folder import (
@@ -152,7 +152,7 @@ def execute(plan: Plan, staged: StagedPrompts | None, log: Callable[[str], None]
     if plan.mode == "overwrite":
         folder.clear()
     manifest = new_manifest(config, prompts=staged.rows if staged is not None else len(folder.read_prompt_ids()),
-                            parameters=job_parameters(resolved(config)))  # for the report's compute basis
+                            parameters=job_parameters(resolved(config), count=count_model))  # for the report's compute basis
     fresh = plan.mode != "resume"
     if fresh:  # first, so that the folder is a Winnow run folder before anything else is in it
         folder.write_manifest(manifest)

@@ -20,6 +20,7 @@ import re
 import struct
 
 import assets
+from runfolder.parameters import NotCounted, count_parameters
 from schemas.config import JobConfig
 from stores.filesystems import bucket_message, filesystem, missing_bucket
 from stores.model_folders import CAUSAL_LM, NEEDS, REWARD, model_folder_problems
@@ -235,3 +236,15 @@ def resolved(config: JobConfig, on_node: bool = False) -> JobConfig:
     if m.reward is not None and m.reward.kind == "model":
         update["reward"] = m.reward.model_copy(update={"path": here(m.reward.path)})
     return config.model_copy(update={"models": m.model_copy(update=update)})
+
+
+def count_model(location: str) -> int:
+    """A model's parameters for the run's manifest: a folder's from its safetensors headers; an asset built on the
+    node that uses it (kept unresolved by `resolved`) from its source, without building it here. NotCounted saying
+    why not, as for a folder."""
+    if not assets.builds_on_node(location):
+        return count_parameters(location)
+    try:
+        return assets.built_parameters(location)
+    except Exception as err:  # noqa: BLE001 - a count is never worth failing a run for; the reason is recorded
+        raise NotCounted(f"{location}: {err}") from None

@@ -120,17 +120,9 @@ def write_lineage(folder: str, lineage: ModelLineage) -> None:
         f.write(json.dumps(lineage.model_dump(mode="json"), indent=2))
 
 
-def run_costs(run: Run, target_parameters: int | None = None) -> CostOf:
-    """A run's total device-seconds, USD and compute (FLOPs; None where `reporting.cost` has none), over every row.
-    `target_parameters`: the target's count where the run's manifest has none (a model built on the node that ran
-    it, such as builtin:smollm2-135m-instruct; the recipe counts it when it trains from that model)."""
+def run_costs(run: Run) -> CostOf:
+    """A run's total device-seconds, USD and compute (FLOPs; None where `reporting.cost` has none), over every row."""
     cost = run_cost(run)
-    if cost.problem is not None and target_parameters is not None and cost.parameters["target"] is None:
-        cost.parameters["target"] = target_parameters
-        rows = [r for r in run.rows if r["error"] is None]
-        missing = [role for role, n in cost.parameters.items()
-                   if n is None and any(r["cost"][f"{role}_tokens"] for r in rows)]
-        cost.problem = f"no parameter count for {missing}" if missing else None
     seconds = sum(r["cost"]["device_seconds"] for r in run.rows if r["cost"] is not None)
     flops = None
     if cost.problem is None:

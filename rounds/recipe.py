@@ -374,9 +374,6 @@ class Recipe:
         made: dict = {}
 
         def finish(tmp: str, trained) -> None:
-            nonlocal generation
-            if generation.flops is None:  # the data run's manifest has no count of a model built on its node
-                generation = run_costs(data_run, target_parameters=trained.parameters)
             details = {key: v for key, v in trained.record().items() if key not in ("device_seconds", "flops")}
             training = CostOf(device_seconds=trained.device_seconds, usd=trained.device_seconds / 3600.0 * price,
                               flops=trained.flops, **details)

@@ -98,16 +98,17 @@ def model_specs(models: dict) -> dict[str, str | None]:
             for role, spec in (("target", models.get("target")), ("draft", models.get("draft")), ("reward", rm))}
 
 
-def counts_of(models: dict, resolve=lambda spec: spec) -> ParameterCounts:
+def counts_of(models: dict, resolve=lambda spec: spec, count=count_parameters) -> ParameterCounts:
     """`ParameterCounts` of the models of a config's ``models`` dict (`model_specs`), each location passed through
-    `resolve` first (e.g. `assets.resolve` for `builtin:` names; a KeyError from it is a reason like any other). A
-    model that cannot be counted gets no count and its reason in `not_counted`."""
+    `resolve` first (e.g. `assets.resolve` for `builtin:` names; a KeyError from it is a reason like any other), then
+    counted by `count` (a model folder's safetensors headers). A model that cannot be counted gets no count and its
+    reason in `not_counted`."""
     out: dict = {"not_counted": {}}
     for role, spec in model_specs(models).items():
         if spec is None:
             continue
         try:
-            out[role] = count_parameters(resolve(spec))
+            out[role] = count(resolve(spec))
         except KeyError as err:
             out["not_counted"][role] = f"{spec}: {err.args[0] if err.args else err}"
         except NotCounted as err:
@@ -115,7 +116,8 @@ def counts_of(models: dict, resolve=lambda spec: spec) -> ParameterCounts:
     return ParameterCounts(**out)
 
 
-def job_parameters(resolved_config) -> ParameterCounts:
+def job_parameters(resolved_config, count=count_parameters) -> ParameterCounts:
     """What a run records in its manifest: the parameter counts of its target, draft and reward model, from a config
-    whose `builtin:` names are already resolved (`pipeline.preflight.resolved`)."""
-    return counts_of(resolved_config.models.model_dump(mode="json"))
+    whose `builtin:` names are already resolved (`pipeline.preflight.resolved`), except those of assets built on the
+    node that uses them, which `count` counts (`pipeline.preflight.count_model`)."""
+    return counts_of(resolved_config.models.model_dump(mode="json"), count=count)

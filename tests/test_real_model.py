@@ -118,6 +118,27 @@ def test_built_once_then_reused(built, cache):
 
 @needs_real
 @pytest.mark.slow
+def test_the_driver_counts_its_parameters_without_building_it(built, monkeypatch):
+    """A run's manifest records the target's parameters (the report's compute basis) from the GGUF file's header on
+    the driver, which keeps the name unresolved: the count of the built folder's safetensors."""
+    from pipeline.preflight import count_model
+    from runfolder.parameters import count_parameters
+
+    folder, _ = built
+    monkeypatch.setattr(smollm2, "ensure", lambda: pytest.fail("the driver built the model to count it"))
+    assert count_model(NAME) == count_parameters(str(folder)) == 134_515_008
+
+
+def test_without_the_extra_the_count_says_why(no_extra):
+    from pipeline.preflight import count_model
+    from runfolder.parameters import NotCounted
+
+    with pytest.raises(NotCounted, match="needs the `real` extra"):
+        count_model(NAME)
+
+
+@needs_real
+@pytest.mark.slow
 def test_a_plain_llama_folder(built, tmp_path):
     from transformers import AutoTokenizer
 
