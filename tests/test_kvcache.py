@@ -9,7 +9,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from tests.trio_helpers import trio
-from workers.decoding.kvcache import MIN_HEADROOM, GrowingLayer, drop_left, fork_cache, new_cache, pack
+from workers.decoding.kvcache import MIN_HEADROOM, GrowingLayer, cache_kw, drop_left, fork_cache, new_cache, pack
 
 
 def _cache(layer) -> DynamicCache:
@@ -121,5 +121,28 @@ def test_new_cache_uses_growing_layers_for_full_attention():
     cache = new_cache(target.config)
     assert cache.layers and all(isinstance(layer, GrowingLayer) for layer in cache.layers)
     ids = torch.tensor([[5, 6, 7, 8]])
-    target(input_ids=ids, past_key_values=cache, use_cache=True)
+    target(input_ids=ids, **cache_kw(target, cache), use_cache=True)
     assert cache.get_seq_length() == 4 and cache.layers[0].capacity >= 4
+
+
+def test_the_cache_goes_under_the_keyword_the_forward_takes():
+    """transformers renamed forward's `past_key_values` to `cache` (5.2x; the old name warns, and goes in 5.40):
+    the keyword a class names wins; a forward that only passes keywords on gets this transformers' own."""
+    from transformers import LlamaModel
+
+    class New(torch.nn.Module):
+        def forward(self, input_ids=None, cache=None, **kwargs): ...
+
+    class Old(torch.nn.Module):
+        def forward(self, input_ids=None, past_key_values=None, **kwargs): ...
+
+    class Head(torch.nn.Module):
+        def forward(self, input_ids=None, **kwargs): ...
+
+    import inspect
+
+    library = "cache" if "cache" in inspect.signature(LlamaModel.forward).parameters else "past_key_values"
+    marker = object()
+    assert cache_kw(New(), marker) == {"cache": marker}
+    assert cache_kw(Old(), marker) == {"past_key_values": marker}
+    assert cache_kw(Head(), marker) == {library: marker}

@@ -14,6 +14,7 @@ import workers.decoding.shared_prefix as sp
 from tests.trio_helpers import demo_items, trio, trio_prompts
 from workers.accounting.cost import Meter
 from workers.decoding.batch import forward
+from workers.decoding.logprobs import token_logprobs
 from workers.decoding.target import TargetSampler
 from workers.decoding.sampling import Warp
 
@@ -25,16 +26,19 @@ def prompts():
     return ps
 
 
-def _decode(prompts, shared: bool, monkeypatch):
+def _decode(prompts, shared: bool, monkeypatch, forced: list | None = None):
     """Prefill 4 candidates per prompt, decode, drop every candidate of the longest prompt (so the left padding
-    of the others can be trimmed) and some others; returns the logits of every step and the final cache."""
+    of the others can be trimmed) and some others; returns the logits of every step, the final batch and the tokens
+    of every step: sampled, or the `forced` ones (another run's tokens: logits that differ in the last float bit, as
+    two threads' reductions do, may draw another token, after which the two runs' logits differ by more than any
+    tolerance)."""
     runner = trio()
     monkeypatch.setattr(sp, "SHARE_MIN_BYTES", 0)  # the tiny trio's prompts are below the size worth sharing
     if not shared:
         monkeypatch.setattr("workers.decoding.target.share", lambda *a: None)
     engine = TargetSampler(runner.engine.target, runner.pad_id, runner.eos_ids, Warp(1.0), 0, Meter(len(prompts)))
     longest = max(range(len(prompts)), key=lambda i: len(prompts[i].ids))
-    logits = []
+    logits, tokens = [], []
     with torch.inference_mode():
         batch = engine.prefill([p.ids for p in prompts], 4, [p.key for p in prompts], [30] * len(prompts))
         assert isinstance(batch.cache, sp.SharedPrefixCache) == shared
@@ -48,14 +52,18 @@ def _decode(prompts, shared: bool, monkeypatch):
             out = forward(runner.engine.target, "target", batch.pending[:, None], batch.mask, batch.cache, batch.group,
                           engine.meter)[:, -1]
             logits.append(out)
-            engine._sample_into(batch, out)
-    return logits, batch
+            if forced is None:
+                engine._sample_into(batch, out)
+            else:
+                batch.append_pending(forced[step], token_logprobs(out[:, None], forced[step][:, None])[:, 0])
+            tokens.append(batch.pending.clone())
+    return logits, batch, tokens
 
 
 def test_shared_prefix_gives_the_repeated_caches_logits_through_selection_and_trim(prompts, monkeypatch):
-    shared, sb = _decode(prompts, True, monkeypatch)
+    shared, sb, tokens = _decode(prompts, True, monkeypatch)
     with monkeypatch.context() as m:
-        repeated, rb = _decode(prompts, False, m)
+        repeated, rb, _ = _decode(prompts, False, m, forced=tokens)
     for a, b in zip(shared, repeated):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
     assert torch.equal(sb.tokens, rb.tokens)

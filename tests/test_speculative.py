@@ -21,7 +21,7 @@ from tests.trio_helpers import params_of
 from workers.accounting.cost import Meter
 from workers.candidates import PromptInput
 from workers.context import Context
-from workers.decoding.kvcache import fork_cache, pack
+from workers.decoding.kvcache import cache_kw, fork_cache, pack
 from workers.decoding.sampling import Warp, prompt_key, warp_probs
 from workers.decoding.speculative import SpeculativeSampler, Side, emit, ragged_cat, right_align, take
 from workers.methods import run_method
@@ -328,7 +328,7 @@ def test_pack_moves_real_columns_together_exactly():
         assert packed.tolist() == [[1, 1, 1, 1], [0, 1, 1, 1]]
         nxt = torch.tensor([[20], [21]])
         out = target(input_ids=nxt, attention_mask=torch.cat([packed, torch.ones(2, 1, dtype=torch.long)], 1),
-                     position_ids=torch.tensor([[4], [3]]), past_key_values=cache, use_cache=True).logits[:, -1]
+                     position_ids=torch.tensor([[4], [3]]), **cache_kw(target, cache), use_cache=True).logits[:, -1]
         for r, real in enumerate(([5, 7, 8, 10], [13, 15, 16])):
             ref = target(torch.tensor([real + [int(nxt[r])]])).logits[0, -1]
             torch.testing.assert_close(out[r], ref, atol=1e-4, rtol=1e-4)
@@ -382,7 +382,7 @@ def test_ragged_helpers():
     target, _ = pair()
     with torch.inference_mode():
         cache = DynamicCache(config=target.config)
-        target(input_ids=torch.tensor([[3, 4], [5, 6]]), past_key_values=cache, use_cache=True)
+        target(input_ids=torch.tensor([[3, 4], [5, 6]]), **cache_kw(target, cache), use_cache=True)
         twin = fork_cache(cache, torch.tensor([1, 1, 0]))
         assert twin.layers[0].keys.shape[0] == 3 and cache.layers[0].keys.shape[0] == 2
         torch.testing.assert_close(twin.layers[0].keys[2], cache.layers[0].keys[0])

@@ -25,7 +25,7 @@ import torch
 from transformers import DynamicCache
 
 from workers.accounting.cost import Meter
-from workers.decoding.kvcache import drop_left, join_caches
+from workers.decoding.kvcache import cache_kw, drop_left, join_caches
 from workers.decoding.shared_prefix import SharedPrefixCache, shared_forward
 
 
@@ -57,7 +57,7 @@ def forward(
     if isinstance(cache, SharedPrefixCache):
         out = shared_forward(model, cache, **inputs)
     else:
-        out = model(past_key_values=cache, **inputs)
+        out = model(**cache_kw(model, cache), **inputs)
     new = mask[:, -t:].sum(-1)
     if counted is None:
         meter.count_forward(role, group, new)

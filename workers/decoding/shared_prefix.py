@@ -27,7 +27,7 @@ from transformers import AttentionInterface, DynamicCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from workers.decoding.kvcache import GrowingLayer, new_cache, plain_columns
+from workers.decoding.kvcache import GrowingLayer, cache_kw, new_cache, plain_columns
 
 log = logging.getLogger(__name__)
 
@@ -185,7 +185,7 @@ def _attention(model, name: str):
 def shared_forward(model, cache: SharedPrefixCache, **inputs):
     """model(**inputs) with the shared-prefix attention reading `cache`."""
     with _attention(model, ATTENTION):
-        return model(past_key_values=cache, winnow_prefix=cache, **inputs)
+        return model(**cache_kw(model, cache), winnow_prefix=cache, **inputs)
 
 
 def worth_sharing(prompt_columns: int, candidates: int, kv_bytes_per_token: int) -> bool:
@@ -236,7 +236,7 @@ def _probe(model) -> bool:
         outs = []
         for shared in (False, True):
             cache = new_cache(model.config)
-            model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True)
+            model(input_ids=ids, attention_mask=mask, position_ids=pos, **cache_kw(model, cache), use_cache=True)
             group = torch.arange(2, device=device).repeat_interleave(2)
             if shared:
                 if not plain_columns(cache):
@@ -250,7 +250,7 @@ def _probe(model) -> bool:
                 m = torch.cat([m, m.new_ones(4, 1)], 1)
                 p = (m.cumsum(-1) - 1)[:, -1:]
                 kw = dict(input_ids=steps[:, t:t + 1], attention_mask=m, position_ids=p, use_cache=True)
-                out = shared_forward(model, cache, **kw) if shared else model(past_key_values=cache, **kw)
+                out = shared_forward(model, cache, **kw) if shared else model(**cache_kw(model, cache), **kw)
                 logits.append(out.logits[:, -1].float())
             outs.append(torch.stack(logits))
     except (NotImplementedError, TypeError, ValueError, RuntimeError, AttributeError) as err:

@@ -41,7 +41,7 @@ from transformers import DynamicCache
 
 from workers.accounting.cost import Meter
 from workers.decoding.batch import Batch, left_pad, position_ids
-from workers.decoding.kvcache import crop_right, fork_cache, model_kv_bytes, new_cache, pack, pack_threshold
+from workers.decoding.kvcache import cache_kw, crop_right, fork_cache, model_kv_bytes, new_cache, pack, pack_threshold
 from workers.decoding.logprobs import token_logprobs
 from workers.decoding.sampling import (
     STREAM_ACCEPT, STREAM_DRAFT, STREAM_RESIDUAL, STREAM_TOKEN, Warp, next_tokens, sample, uniforms, warp_probs,
@@ -185,7 +185,7 @@ class Side:
         self.fed = torch.cat([self.fed, ids], 1)
         out = self.model(
             input_ids=ids, attention_mask=self.mask, position_ids=position_ids(self.mask)[:, -w:],
-            past_key_values=self.cache, use_cache=True, logits_to_keep=keep,
+            **cache_kw(self.model, self.cache), use_cache=True, logits_to_keep=keep,
         )
         charged = real.any(-1)  # [B] sequences with a real column
         meter.count_forward(self.role, group[charged], real[charged].sum(-1))

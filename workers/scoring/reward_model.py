@@ -22,7 +22,7 @@ from transformers.cache_utils import DynamicLayer
 
 from workers.accounting.cost import Meter
 from workers.accounting.memory import device_free_bytes
-from workers.decoding.kvcache import context_length, fork_cache, layers_of, model_kv_bytes, pack, stack_caches
+from workers.decoding.kvcache import cache_kw, context_length, fork_cache, layers_of, model_kv_bytes, pack, stack_caches
 from workers.scoring.items import Scored, last_real, render, right_padded, shared_prefix, token_budget_batches
 from workers.scoring.scorers import Rescoring
 
@@ -161,13 +161,14 @@ def score_with_prefix(model, pad_id: int, prefix: list[int], suffixes: list[list
     padded, so the head's rightmost-non-pad rule reads each suffix's last token); also each suffix's length."""
     cache = DynamicCache(config=model.config)
     pre = torch.tensor([prefix], dtype=torch.long, device=device)
-    model(input_ids=pre, attention_mask=torch.ones_like(pre), past_key_values=cache, use_cache=True)
+    model(input_ids=pre, attention_mask=torch.ones_like(pre), **cache_kw(model, cache), use_cache=True)
     cache.batch_repeat_interleave(len(suffixes))
     ids, mask = right_padded(suffixes, pad_id)
     ids, mask = ids.to(device), mask.to(device)
     full = torch.cat([mask.new_ones(len(suffixes), len(prefix)), mask], dim=1)
     pos = len(prefix) + torch.arange(ids.shape[1], device=device).expand_as(ids)
-    logits = model(input_ids=ids, attention_mask=full, position_ids=pos, past_key_values=cache, use_cache=True).logits
+    logits = model(input_ids=ids, attention_mask=full, position_ids=pos, **cache_kw(model, cache),
+                   use_cache=True).logits
     return logits[:, 0].float().cpu().tolist(), mask.sum(-1).cpu()
 
 
@@ -484,7 +485,8 @@ class CachedScoring:
                              [None])
         cache = DynamicCache(config=config)
         ids = torch.tensor([prefix], dtype=torch.long, device=device)
-        self.s.model(input_ids=ids, attention_mask=torch.ones_like(ids), past_key_values=cache, use_cache=True)
+        self.s.model(input_ids=ids, attention_mask=torch.ones_like(ids), **cache_kw(self.s.model, cache),
+                     use_cache=True)
         self.meter.count_forward(self.s.role, torch.tensor([group]), torch.tensor([len(prefix)]))
         return RowCaches(config, cache, torch.ones_like(ids), [None], [group], [list(prefix)], [None])
 
@@ -506,7 +508,7 @@ class CachedScoring:
         mask = torch.cat([mask, block.to(device)], dim=1)  # [R, C + new]
         pos = (mask.cumsum(-1) - 1).clamp(min=0)[:, -new:]  # [R, new]: positions count only real columns
         cache = p.cache if p.cache is not None else DynamicCache(config=model.config)
-        logits = model(input_ids=ids.to(device), attention_mask=mask, position_ids=pos, past_key_values=cache,
+        logits = model(input_ids=ids.to(device), attention_mask=mask, position_ids=pos, **cache_kw(model, cache),
                        use_cache=True).logits[:, 0].float().cpu().tolist()
         p.cache, p.mask = cache, mask
         fed = [r for r, f in enumerate(p.plan) if f is not None]
