@@ -13,8 +13,8 @@ The recipe's steps, in order (``K`` a round, ``S`` a data source of `sources`)::
     round-K/S/eval-greedy   and greedy
 
 Every step writes under the recipe's folder (``out``) at the path of its id (a run folder, an SFT folder; a
-training, its model folder ``round-K/S/model``), and each run's job config beside it (``round-1/bon/data.yaml``: ``winnow generate`` of that file is the
-step). The recipe's manifest (``recipe.json``, `rounds.ledger`) records each finished step, so a recipe that is
+training, its model folder ``round-K/S/model``), and each run's job config beside it (``round-1/bon/data.yaml``:
+``winnow generate`` of that file is the step). The recipe's manifest (``recipe.json``, `rounds.ledger`) records each finished step, so a recipe that is
 stopped in any way continues at the step it was in: finished steps are reused, a generate step resumes its run
 folder (each prompt exactly once), an SFT set is rebuilt whole, and a training starts again (the model folder only
 appears complete, `rounds.train`). The end writes the summary (`rounds.summary`).
@@ -192,7 +192,8 @@ class Recipe:
         if step.kind == "generate":
             return {"config": step.config}
         if step.kind == "sft":  # its data run is a step of its own, checked as one
-            return {"sft": c.sft.model_dump(mode="json"), "data": self.step(f"round-{step.round}/{step.source}/data").path}
+            data = self.step(f"round-{step.round}/{step.source}/data")
+            return {"sft": c.sft.model_dump(mode="json"), "data": data.path}
         return {"train": c.train.model_dump(mode="json"), "seed": c.seed,
                 "parent": self.model(step.source, step.round - 1)}
 
@@ -227,7 +228,8 @@ class Recipe:
             problems.append(f"the job config of {step_id} (and perhaps others): {line}; the recipe's `job`, "
                             "`reward`, `sources` or `evaluation` set it")
         if first_eval is not None:
-            renamed = {"models.target": "model", "models.reward.path": "reward.path", "models.draft": "job.models.draft"}
+            renamed = {"models.target": "model", "models.reward.path": "reward.path",
+                       "models.draft": "job.models.draft"}
             for line in model_problems(first_eval):
                 field, _, rest = line.partition(": ")
                 problems.append(f"{renamed.get(field, field)}: {rest}" if field in renamed else line)

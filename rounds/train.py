@@ -117,7 +117,8 @@ def fine_tune(parent: str, dataset_dir: str, out: str, cfg: TrainConfig, seed: i
         args = SFTConfig(
             output_dir=os.path.join(tmp, "_trainer"), num_train_epochs=cfg.epochs,
             per_device_train_batch_size=cfg.batch_size, gradient_accumulation_steps=cfg.gradient_accumulation_steps,
-            learning_rate=cfg.learning_rate, lr_scheduler_type=cfg.lr_scheduler, warmup_steps=cfg.warmup_ratio,  # a float < 1: a ratio of the steps
+            # warmup_steps below 1 is a ratio of the steps (transformers' warmup_ratio is deprecated)
+            learning_rate=cfg.learning_rate, lr_scheduler_type=cfg.lr_scheduler, warmup_steps=cfg.warmup_ratio,
             weight_decay=cfg.weight_decay, max_length=cfg.max_length, completion_only_loss=True,
             use_cpu=device == "cpu", bf16=bf16, fp16=False, gradient_checkpointing=False,
             save_strategy="no", report_to="none", logging_steps=10, disable_tqdm=True, seed=seed, data_seed=seed,
@@ -142,7 +143,8 @@ def fine_tune(parent: str, dataset_dir: str, out: str, cfg: TrainConfig, seed: i
         wall = time.perf_counter() - started
         tokens = round(per_epoch * cfg.epochs)
         trained = Trained(
-            device=device, threads=torch.get_num_threads() if device == "cpu" else None, devices=1, wall_seconds=wall, device_seconds=wall * 1, examples=len(train),
+            device=device, threads=torch.get_num_threads() if device == "cpu" else None, devices=1,
+            wall_seconds=wall, device_seconds=wall * 1, examples=len(train),
             epochs=cfg.epochs, steps=int(result.global_step), tokens=tokens,
             loss_tokens=round(loss_per_epoch * cfg.epochs), parameters=parameters, trainable_parameters=trainable,
             flops=float((4 if cfg.lora is not None else 6) * parameters * tokens),
