@@ -9,6 +9,7 @@ written), then execute; a failed batch exits 1 and an interrupt 130, keeping the
 
 from __future__ import annotations
 
+import gc
 import signal
 import sys
 import threading
@@ -76,6 +77,9 @@ def _run(plan, progress: bool = False) -> int:
     from pipeline.raydata import set_progress, short_error
 
     set_progress(progress)
+    import ray
+
+    ours = not ray.is_initialized()  # this process connects (a local Ray of its own, or a cluster it joins)
     try:
         print(f"{PROG}: {job.connect()}", flush=True)
     except (ConnectionError, RuntimeError, ValueError) as err:  # RAY_ADDRESS points nowhere, Ray cannot start
@@ -100,6 +104,12 @@ def _run(plan, progress: bool = False) -> int:
               f"once {plan.folder.uri} can be written", file=sys.stderr)
         return EXIT_RUNTIME
     where = plan.folder.uri
+    if outcome.status != "succeeded" and ours:
+        # the tasks Ray Data abandoned may still hold errors nobody will read, which Ray logs as "Unhandled error"
+        # when their references go, from a thread of its own: collected and disconnected here, so that Ray says
+        # them now and the command's last words are its own
+        gc.collect()
+        ray.shutdown()
     if outcome.status == "interrupted":
         print(f"{PROG}: interrupted; run the same command again to resume", file=sys.stderr)
         return EXIT_INTERRUPTED
