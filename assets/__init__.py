@@ -35,8 +35,8 @@ BUILTINS: dict[str, str] = {
     "real-concepts": "real-prompts/concepts.jsonl",  # the 48 concept-sentence prompts alone (id, prompt, concepts)
 }
 
-# built on the node that uses them: name -> its module (ensure, cache_folder, unavailable, status, parameters, ROLE), imported
-# when first needed (so that `python -m assets.smollm2` runs it once)
+# built on the node that uses them: name -> its module (ensure, cache_folder, unavailable, status, parameters,
+# ROLE), imported when first needed (so that `python -m assets.smollm2` runs it once)
 BUILT: dict[str, str] = {"smollm2-135m-instruct": "assets.smollm2"}
 
 

@@ -151,8 +151,9 @@ def execute(plan: Plan, staged: StagedPrompts | None, log: Callable[[str], None]
         log(f"cleanup: {line}")
     if plan.mode == "overwrite":
         folder.clear()
+    parameters = job_parameters(resolved(config), count=count_model)  # for the report's compute basis
     manifest = new_manifest(config, prompts=staged.rows if staged is not None else len(folder.read_prompt_ids()),
-                            parameters=job_parameters(resolved(config), count=count_model))  # for the report's compute basis
+                            parameters=parameters)
     fresh = plan.mode != "resume"
     if fresh:  # first, so that the folder is a Winnow run folder before anything else is in it
         folder.write_manifest(manifest)

@@ -14,10 +14,10 @@ The recipe's steps, in order (``K`` a round, ``S`` a data source of `sources`)::
 
 Every step writes under the recipe's folder (``out``) at the path of its id (a run folder, an SFT folder; a
 training, its model folder ``round-K/S/model``), and each run's job config beside it (``round-1/bon/data.yaml``:
-``winnow generate`` of that file is the step). The recipe's manifest (``recipe.json``, `rounds.ledger`) records each finished step, so a recipe that is
-stopped in any way continues at the step it was in: finished steps are reused, a generate step resumes its run
-folder (each prompt exactly once), an SFT set is rebuilt whole, and a training starts again (the model folder only
-appears complete, `rounds.train`). The end writes the summary (`rounds.summary`).
+``winnow generate`` of that file is the step). The recipe's manifest (``recipe.json``, `rounds.ledger`) records
+each finished step, so a recipe that is stopped in any way continues at the step it was in: finished steps are
+reused, a generate step resumes its run folder (each prompt exactly once), an SFT set is rebuilt whole, and a
+training starts again (the model folder only appears complete, `rounds.train`). The end writes the summary (`rounds.summary`).
 
 Failures: bad input (the config, a model that is not one, a finished step whose inputs changed, an SFT set left
 empty by its filters) raises `schemas.base.InputError` before the step writes anything (exit 2); a failed run or

@@ -35,6 +35,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+
 @functools.lru_cache(maxsize=None)
 def _cache_keyword(model_class: type) -> str:
     """The keyword the class's forward names, or for a forward that passes its keywords on (a task head over a base
