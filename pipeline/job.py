@@ -294,6 +294,14 @@ class GenerateBatch:
 
         # assets built on the node that uses them (builtin:smollm2-135m-instruct) are resolved here, on this node
         self.config = resolved(validate_config(config), on_node=True)
+        r = self.config.resources
+        if r.gpus_per_worker == 0:
+            # on CPU, the threads of a matmul change its float sums in the last bit, enough to flip a sampled token:
+            # the actor computes with the CPUs it reserved, whatever worker process Ray gave it (a reused worker may
+            # carry another OMP_NUM_THREADS), so the same config gives the same rows
+            import torch
+
+            torch.set_num_threads(max(1, int(r.cpus_per_worker)))
         self.source = {"run_name": run_name, "config_hash": config_hash}  # the user's config's, not the resolved one's
         self.method = self.config.method.name
         reward = self.config.models.reward

@@ -147,7 +147,8 @@ class OutputConfig(Strict):
 class ResourcesConfig(Strict):
     workers: int = Field(1, ge=1, description="Ray actors, each holding one draft/target/reward trio.")
     gpus_per_worker: float = Field(0, ge=0, description="GPUs per actor; 0 runs on CPU.")
-    cpus_per_worker: float = Field(1, gt=0, description="CPUs reserved per actor.")
+    cpus_per_worker: float = Field(1, gt=0, description="CPUs reserved per actor; on CPU also its torch threads "
+                                   "(the same on every worker, so the same rows).")
     prompts_per_batch: int = Field(4, ge=1, description="Prompts decoded together in one actor call.")
     feed_calls: bool = Field(
         False,
