@@ -16,6 +16,7 @@ import threading
 
 from jobs import config_args
 from jobs.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_RUNTIME
+from jobs.interrupts import interrupts
 from schemas.base import ConfigError, InputError
 
 PROG = "winnow generate"
@@ -68,10 +69,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{PROG}: warning: {lease.release_problem}", file=sys.stderr)
 
 
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt
-
-
 def _run(plan, progress: bool = False) -> int:
     from pipeline import job
     from pipeline.raydata import set_progress, short_error
@@ -85,10 +82,18 @@ def _run(plan, progress: bool = False) -> int:
     except (ConnectionError, RuntimeError, ValueError) as err:  # RAY_ADDRESS points nowhere, Ray cannot start
         print(f"{PROG}: cannot connect to or start Ray: {short_error(err)}", file=sys.stderr)
         return EXIT_RUNTIME
-    if threading.current_thread() is threading.main_thread():
-        # `ray job stop` (and a plain kill) sends SIGTERM: end like Ctrl-C, so the manifest says the run did not
-        # finish and the lease is given back. Set after ray.init, whose core worker installs its own handler.
-        signal.signal(signal.SIGTERM, _interrupt)
+    # `ray job stop` (and a plain kill) sends SIGTERM: the run ends like Ctrl-C, so the manifest says it did not
+    # finish and the lease is given back. Set after ray.init, whose core worker installs its own handler.
+    with interrupts():
+        return _execute(plan, ours)
+
+
+def _execute(plan, ours: bool) -> int:
+    from pipeline import job
+    from pipeline.raydata import short_error
+
+    import ray
+
     try:
         staged = None if plan.reuses_prompts else job.stage_prompts(plan)
     except InputError as err:

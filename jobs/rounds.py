@@ -10,19 +10,14 @@ continue a recipe that stopped.
 from __future__ import annotations
 
 import shlex
-import signal
 import sys
-import threading
 
 from jobs import config_args
 from jobs.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_OK, EXIT_RUNTIME
+from jobs.interrupts import interrupts
 from schemas.base import ConfigError, InputError
 
 PROG = "winnow rounds"
-
-
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -51,12 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     command = " ".join([PROG, *map(shlex.quote, argv)])
     recipe = Recipe(config, command, generate=generate.main, concept_sets=concept_sets.split,
                     resolve=assets.resolve, log=lambda line: print(line, flush=True))
-    main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.getsignal(signal.SIGTERM) if main_thread else None
-    if main_thread:  # SIGTERM ends the recipe like Ctrl-C: its manifest says where it stopped
-        signal.signal(signal.SIGTERM, _interrupt)
     try:
-        summary = recipe.run()
+        with interrupts():  # SIGTERM ends the recipe like Ctrl-C: its manifest says where it stopped
+            summary = recipe.run()
     except InputError as err:
         return config_args.report(PROG, err)
     except StepFailed as err:
@@ -68,9 +60,6 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # before the recipe's first step
         print(f"{PROG}: interrupted; run the same command again to continue", file=sys.stderr)
         return EXIT_INTERRUPTED
-    finally:
-        if main_thread:
-            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
     print(summary["markdown"])
     return EXIT_OK
 
