@@ -103,6 +103,24 @@ def test_the_probe_refuses_what_it_cannot_share_exactly(monkeypatch):
     assert sp._probe(target) is False
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_in_half_precision_the_probe_passes_at_the_dtypes_rounding_and_refuses_another_prompts_prefix(
+        dtype, monkeypatch):
+    """On an H100 in bfloat16 the probe refused the tiny target (so no model shared its prompt's cache there): the
+    logits of two attentions that sum in another order differ by a bfloat16 step, 1/16 at the largest logit, more
+    than the old absolute tolerance. The probe now measures the error over all the logits against the dtype."""
+    from tests.trio_helpers import config
+    from workers.actor.runner import Runner
+
+    target = Runner(config(models={"dtype": dtype})).engine.target
+    assert next(target.parameters()).dtype == getattr(torch, dtype)
+    assert sp._probe(target) is True
+
+    runs = sp.SharedPrefixCache.runs  # each sequence reads the other prompt's keys and values
+    monkeypatch.setattr(sp.SharedPrefixCache, "runs", lambda self: [(1 - p, s, e) for p, s, e in runs(self)])
+    assert sp._probe(target) is False
+
+
 def test_sharing_is_kept_for_caches_worth_it():
     kv = 2 * 8 * 2 * 64 * 4  # the bench's llama-32k shape: 8 KiB a token
     assert sp.worth_sharing(512, 64, kv) and sp.worth_sharing(32, 64, kv)  # 256 MiB and 16 MiB of copies
