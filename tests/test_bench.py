@@ -62,3 +62,19 @@ def test_real_model_bench_prints_paper_001s_table_2(tmp_path, capsys):
     assert rows["Best-of-4"]["speedup_cpu"] == pytest.approx(1.0) and rows["Best-of-4"]["speedup_tokens"] == 1.0
     for label, r in rows.items():
         assert r["perplexity"] == pytest.approx(math.exp(-r["mean_best_reward"])) and r["reward_tokens"] == 0
+
+
+def test_gpu_bench_runs_its_own_code_on_the_cpu(tmp_path, capsys):
+    """`bench.gpu` measures on a CUDA device; `--device cpu --small` runs the same code, as a check of the bench."""
+    from bench import gpu
+
+    out = tmp_path / "gpu.json"
+    assert gpu.main(["--device", "cpu", "--dtype", "float32", "--small", "--ns", "4", "--new-tokens", "8",
+                     "--prompt-tokens", "8", "--repeats", "1", "--profile", "--cudnn-ab", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "## profile: engine, N=4" in printed and "## profile: generate, N=4" in printed
+    report = json.loads(out.read_text())
+    (versus,), (rejection,) = report["versus_generate"], report["rejection"]
+    assert versus["engine"]["tokens"] == versus["generate"]["tokens"] == 4 * 8  # random weights: every row to 8
+    assert rejection["sr"]["rounds"] > 0 and rejection["sr"]["tokens"] < rejection["bon"]["tokens"]
+    assert [r["cudnn"] for r in report["cudnn_ab"]] == [True, False] * 3

@@ -69,3 +69,8 @@ def test_the_kv_cache_grows_on_the_device():
             engine.step(batch)
     layer = batch.cache.layers[0]
     assert layer.keys.device.type == "cuda" and layer.keys.dtype == torch.bfloat16
+
+
+def test_the_engine_runs_without_cudnn_attention():
+    _runner("bfloat16")
+    assert not torch.backends.cuda.cudnn_sdp_enabled()

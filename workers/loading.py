@@ -58,8 +58,20 @@ def pick_device(gpus_per_worker: float) -> torch.device:
     if gpus_per_worker > 0:
         if not torch.cuda.is_available():
             raise RuntimeError("resources.gpus_per_worker > 0 but this worker sees no CUDA device")
+        without_cudnn_attention()
         return torch.device("cuda")
     return torch.device("cpu")
+
+
+def without_cudnn_attention() -> None:
+    """Turn off PyTorch's cuDNN backend of scaled_dot_product_attention in this process (the actor's): the engine's
+    decoding steps and the reward model's decisions call attention at a new key length each time, and cuDNN builds
+    an execution plan for every new shape. On an H100 (torch 2.11) a decoding step's attention took about 2 ms of
+    host time per layer that way (`python -m bench.gpu --profile`); the flash and memory-efficient kernels that
+    remain need no plan. `python -m bench.gpu --cudnn-ab` measures the difference."""
+    enable = getattr(torch.backends.cuda, "enable_cudnn_sdp", None)
+    if enable is not None:
+        enable(False)
 
 
 def pick_dtype(setting: str, device: torch.device, checkpoint_dtype: torch.dtype | None) -> torch.dtype:
