@@ -146,7 +146,9 @@ class OutputConfig(Strict):
 
 class ResourcesConfig(Strict):
     workers: int = Field(1, ge=1, description="Ray actors, each holding one draft/target/reward trio.")
-    gpus_per_worker: float = Field(0, ge=0, description="GPUs per actor; 0 runs on CPU.")
+    gpus_per_worker: float = Field(0, ge=0, description="GPUs per actor; 0 runs on CPU. An actor on a GPU "
+                                   "turns off PyTorch's cuDNN attention in its process (it builds a plan at every "
+                                   "decoding step; docs/benchmarks.md).")
     cpus_per_worker: float = Field(1, gt=0, description="CPUs reserved per actor; on CPU also its torch threads "
                                    "(the same on every worker, so the same rows).")
     prompts_per_batch: int = Field(4, ge=1, description="Prompts decoded together in one actor call.")
