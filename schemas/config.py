@@ -41,9 +41,20 @@ class ModelReward(Strict):
     )
     batch_tokens: int = Field(
         8192, ge=64, description="Most tokens of one scoring batch (sequences x padded length); batches are also "
-        "kept within half of the device's free memory."
+        "kept within half of the device's free memory. Engine 'hf' (vLLM schedules its own)."
     )
-
+    engine: Literal["hf", "vllm"] = Field(
+        "hf", description="What runs the reward model. 'hf': transformers on the actor's device; Speculative "
+        "Rejection's decisions score through a session that keeps each candidate's KV cache. 'vllm': a vLLM pooling "
+        "engine on the actor (task classify: the last token's logit), with prefix caching, so a decision re-feeds "
+        "what each candidate added since the last full KV block of it that vLLM holds. With either models.engine; "
+        "needs vLLM (docs/vllm.md)."
+    )
+    kv_cache_mb: float | None = Field(
+        None, gt=0, description="Engine 'vllm': the reward engine's KV cache in MiB, beside the target's (it holds "
+        "the prefixes a decision reuses); null: 512. Smaller than one input of the reward model's whole context: "
+        "inputs are cut to what it holds (counted in stats.reward_inputs_truncated)."
+    )
 
 class LogprobReward(Strict):
     kind: Literal["logprob"] = Field(
@@ -197,6 +208,10 @@ class JobConfig(Strict):
         if kv is not None and old is not None and kv != old:
             problems.append(f"models.vllm_kv_cache_mb: {old:g} differs from models.kv_cache_mb ({kv:g}); it is the "
                             "old name of the same setting: keep kv_cache_mb")
+        reward = self.models.reward
+        if getattr(reward, "kv_cache_mb", None) is not None and reward.engine != "vllm":
+            problems.append("models.reward.kv_cache_mb: the reward engine's KV cache applies to models.reward.engine "
+                            "'vllm' only")
         engine = self.models.engine
         if engine not in method.engines:
             runs = ", ".join(sorted(methods_that(lambda c: engine in c.engines)))
@@ -264,6 +279,8 @@ LATE_FIELDS: dict[str, Any] = {
     "resources.feed_calls": lambda: False,
     "method.memory_candidates": lambda: None,
     "models.vllm_max_num_seqs": lambda: 256,
+    "models.reward.engine": lambda: "hf",
+    "models.reward.kv_cache_mb": lambda: None,
 }
 
 

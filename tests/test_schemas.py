@@ -118,3 +118,20 @@ def test_rows_to_table_has_the_spec_schema_and_refuses_unknown_stats():
     assert t.schema == ROW_SCHEMA and t.column("error")[0].as_py() == "empty prompt"
     with pytest.raises(KeyError, match="not_a_stat"):
         rows_to_table([{**row, "stats": {"not_a_stat": 1}}])
+
+
+def test_the_reward_engine_is_a_late_field_and_its_cache_belongs_to_vllm():
+    model = {**GOOD, "models": {"target": "builtin:tiny-target",
+                                "reward": {"kind": "model", "path": "builtin:tiny-reward"}}}
+    plain = validate_config(model)
+    assert plain.models.reward.engine == "hf" and plain.models.reward.kv_cache_mb is None
+    spelled = {**model, "models": {**model["models"], "reward": {**model["models"]["reward"], "engine": "hf"}}}
+    assert validate_config(spelled).hash() == plain.hash()  # the default leaves the run folders' hashes as they were
+    on_vllm = {**model, "models": {**model["models"], "reward": {**model["models"]["reward"], "engine": "vllm",
+                                                                  "kv_cache_mb": 256}}}
+    assert validate_config(on_vllm).hash() != plain.hash()
+    on_hf = {**model, "models": {**model["models"], "reward": {**model["models"]["reward"], "kv_cache_mb": 256}}}
+    assert problems(on_hf) == ["models.reward.kv_cache_mb: the reward engine's KV cache applies to "
+                               "models.reward.engine 'vllm' only"]
+    assert any("models.reward.engine" in p for p in problems(
+        {**model, "models": {**model["models"], "reward": {**model["models"]["reward"], "engine": "trt"}}}))

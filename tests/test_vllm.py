@@ -33,7 +33,8 @@ if not HAVE_VLLM:
     pytest.skip(f"vLLM is not installed ({WHY})", allow_module_level=True)
 
 from workers.actor.runner import Runner  # noqa: E402
-from workers.engines.vllm import candidate_seed, modules_hidden, unscannable_modules  # noqa: E402
+from workers.engines.vllm import candidate_seed  # noqa: E402
+from workers.vllm_runtime import modules_hidden, unscannable_modules  # noqa: E402
 
 MODELS = {"engine": "vllm", "kv_cache_mb": 64}
 SR = {"name": "speculative_rejection", "n": 8, "alpha": 0.5, "schedule": "fixed", "every_k_tokens": 8}

@@ -115,22 +115,33 @@ def load_causal_lm(spec: str, field: str, device: torch.device, dtype_setting: s
     return Loaded(model, tok, path)
 
 
-def load_reward_model(spec: str, field: str, device: torch.device, dtype_setting: str, trust_remote_code: bool) -> Loaded:
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+def reward_folder(spec: str, field: str, trust_remote_code: bool) -> tuple[Path, object, object]:
+    """A reward model's local folder, tokenizer and config, checked as both reward engines need them: one label
+    (the scalar logit is the reward), and a pad token (the EOS token when the tokenizer has none)."""
+    from transformers import AutoConfig, AutoTokenizer
 
     path = local_model_folder(spec, field, REWARD)
-    dtype = pick_dtype(dtype_setting, device, checkpoint_dtype(path))
     with remote_code_guard(field, trust_remote_code):
         tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
-        model = AutoModelForSequenceClassification.from_pretrained(
-            path, dtype=dtype, trust_remote_code=trust_remote_code
-        )
-    if getattr(model.config, "num_labels", 1) != 1:
-        raise ModelPathError(f"{field}: reward model must have num_labels = 1, got {model.config.num_labels}")
+        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    if getattr(config, "num_labels", 1) != 1:
+        raise ModelPathError(f"{field}: reward model must have num_labels = 1, got {config.num_labels}")
     if tok.pad_token_id is None:
         if tok.eos_token_id is None:
             raise ModelPathError(f"{field}: reward tokenizer has neither a pad nor an EOS token")
         tok.pad_token = tok.eos_token
+    return path, tok, config
+
+
+def load_reward_model(spec: str, field: str, device: torch.device, dtype_setting: str, trust_remote_code: bool) -> Loaded:
+    from transformers import AutoModelForSequenceClassification
+
+    path, tok, _ = reward_folder(spec, field, trust_remote_code)
+    dtype = pick_dtype(dtype_setting, device, checkpoint_dtype(path))
+    with remote_code_guard(field, trust_remote_code):
+        model = AutoModelForSequenceClassification.from_pretrained(
+            path, dtype=dtype, trust_remote_code=trust_remote_code
+        )
     if model.config.pad_token_id is None:
         model.config.pad_token_id = tok.pad_token_id
     model.to(device).eval()

@@ -58,6 +58,11 @@ def load_reward(config: JobConfig, engine):
         return None
     if r.kind == "model":
         m = config.models
+        if r.engine == "vllm":
+            from workers.scoring.vllm_reward import VllmRewardScorer
+
+            return VllmRewardScorer(r.path, "models.reward.path", engine.device, m.dtype, m.trust_remote_code,
+                                    r.kv_cache_mb, config.seed)
         loaded = load_reward_model(r.path, "models.reward.path", engine.device, m.dtype, m.trust_remote_code)
         return RewardModelScorer(loaded.model, loaded.tokenizer, r.batch_tokens)
     if r.kind == "logprob":

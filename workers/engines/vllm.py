@@ -22,13 +22,9 @@ tokens not served by the prefix cache plus its sampled tokens. The step's time i
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
 import os
-import queue
-import sys
-import threading
 import time
 from typing import Callable, Sequence
 
@@ -42,11 +38,17 @@ from workers.decoding.kvcache import context_length, kv_bytes_per_token
 from workers.engines.hf import eos_token_ids, pad_token_id
 from workers.loading import checkpoint_dtype, local_model_folder, pick_device, pick_dtype, remote_code_guard
 from workers.pool.decoder import Key, Seq
+from workers.vllm_runtime import (
+    CPU_BLOCK_SIZE,
+    EngineThread,
+    modules_hidden,
+    unscannable_modules,
+    vllm_import_problem,
+)
 
 log = logging.getLogger(__name__)
 
 CPU_KV_CACHE_MB = 1024  # the CPU engine's KV cache when models.kv_cache_mb is null
-CPU_BLOCK_SIZE = 32  # CPU attention needs a multiple of 32; vLLM's CPU default (128) shares no prefix under 128 tokens
 SEED_MODULUS = 2**31 - 2**17  # candidate seeds stay in int32 for every n up to 65536
 
 
@@ -58,74 +60,8 @@ def candidate_seed(seed: int, key: int, index: int) -> int:
     return base + index
 
 
-def vllm_import_problem() -> str | None:
-    """Why vLLM cannot be imported here, or None."""
-    try:
-        import vllm  # noqa: F401
-    except Exception as err:  # noqa: BLE001 - any import failure is reported with its message
-        return f"{type(err).__name__}: {err}"
-    return None
-
-
-def unscannable_modules() -> list[str]:
-    """Names of loaded modules holding a value that raises on `hasattr(value, "__dict__")` with an error other
-    than AttributeError, e.g. an unbound werkzeug LocalProxy (`flask.request`, imported by moto's server): vLLM's
-    CPU worker scans every module's namespace that way at start-up (`triton_utils.dispatcher._rebind_kernels`)
-    and fails on them ("Working outside of application context")."""
-    out = []
-    for name, module in list(sys.modules.items()):
-        namespace = getattr(module, "__dict__", None)
-        if not namespace:
-            continue
-        for value in list(namespace.values()):
-            try:
-                hasattr(value, "__dict__")
-            except Exception:  # noqa: BLE001 - what vLLM's scan would trip on
-                out.append(name)
-                break
-    return out
-
-
-@contextlib.contextmanager
-def modules_hidden(names: list[str]):
-    """Take modules out of sys.modules for the duration (vLLM's start-up scan), and put them back."""
-    held = {n: sys.modules.pop(n) for n in names if n in sys.modules}
-    try:
-        yield
-    finally:
-        sys.modules.update(held)
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # The engine and its thread
-
-
-class EngineThread:
-    """A thread that builds the vLLM engine (`build()`) and then runs every function given to `submit`, in order."""
-
-    def __init__(self, build: Callable):
-        self.engine = None
-        self.failed: BaseException | None = None
-        self.queue: queue.Queue = queue.Queue()
-        self.started = threading.Event()
-        threading.Thread(target=self._main, args=(build,), name="winnow-vllm-engine", daemon=True).start()
-        self.started.wait()
-        if self.failed is not None:
-            raise self.failed
-
-    def _main(self, build: Callable) -> None:
-        try:
-            self.engine = build()
-        except BaseException as err:  # noqa: BLE001 - raised in the constructor's thread
-            self.failed = err
-            self.started.set()
-            return
-        self.started.set()
-        while True:
-            self.queue.get()()
-
-    def submit(self, fn: Callable[[], None]) -> None:
-        self.queue.put(fn)
 
 
 class VllmEngine:

@@ -35,6 +35,25 @@ def render(tokenizer, messages: list[dict], add_generation_prompt: bool) -> str:
     return "\n".join(m["content"] for m in messages)
 
 
+def reward_input(tokenizer, item: Scored) -> list[int]:
+    """The item in the reward model's template as token ids, whole (it may be longer than the context)."""
+    text = render(tokenizer, item.prompt + [{"role": "assistant", "content": item.text}], False)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def reward_inputs(tokenizer, max_len: int | None, items: list[Scored], meter) -> tuple[list[list[int]], set[int]]:
+    """Every item's reward input (`reward_input`), those longer than `max_len` cut to their last max_len tokens (the
+    response's end) and counted per prompt in `meter` (stats.reward_inputs_truncated); also the indices of the cut
+    ones."""
+    encoded = [reward_input(tokenizer, it) for it in items]
+    over = {i for i, ids in enumerate(encoded) if max_len is not None and len(ids) > max_len}
+    if over:
+        for i in over:
+            encoded[i] = encoded[i][-max_len:]
+        meter.count_truncated(torch.tensor([items[i].group for i in sorted(over)]))
+    return encoded, over
+
+
 def token_budget_batches(lengths: list[int], budget: int) -> list[list[int]]:
     """Indices grouped so that len(batch) x longest <= budget (a single over-long item forms its own batch)."""
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])

