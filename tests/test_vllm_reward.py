@@ -176,3 +176,11 @@ def test_the_target_and_the_reward_each_on_a_vllm_engine_in_one_actor(folder, re
     want = reference["hf"]([Scored(i, r["prompt"], row["best_text"], [], []) for i, (r, row) in
                             enumerate(zip(demo_items(2), rows))], Meter(2))
     assert close([row["best_reward"] for row in rows], want), ([row["best_reward"] for row in rows], want)
+
+
+def test_a_reward_model_that_vllms_cpu_attention_cannot_run_is_refused_naming_the_field():
+    from assets import builtin_path
+
+    with pytest.raises(ValueError, match=r"models.reward.path: head size 24, which vLLM's CPU attention does not run"):
+        VllmRewardScorer(str(builtin_path("tiny-reward")), "models.reward.path", torch.device("cpu"), "float32",
+                         False, None, seed=0)

@@ -25,6 +25,19 @@ def vllm_import_problem() -> str | None:
     return None
 
 
+def cpu_head_size_problem(config, field: str) -> str | None:
+    """Why vLLM's CPU attention cannot run a model of this config (its head size), or None."""
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    sizes = CPUAttentionBackend.get_supported_head_sizes()
+    c = config.get_text_config()
+    head = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    if head in sizes:
+        return None
+    return (f"{field}: head size {head}, which vLLM's CPU attention does not run (it runs "
+            f"{', '.join(map(str, sizes))}); use engine 'hf' on a CPU")
+
+
 def unscannable_modules() -> list[str]:
     """Names of loaded modules holding a value that raises on `hasattr(value, "__dict__")` with an error other
     than AttributeError, e.g. an unbound werkzeug LocalProxy (`flask.request`, imported by moto's server): vLLM's

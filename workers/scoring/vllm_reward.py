@@ -28,7 +28,14 @@ from workers.decoding.kvcache import context_length, kv_bytes_per_token
 from workers.loading import checkpoint_dtype, pick_dtype, reward_folder
 from workers.scoring.items import Scored, last_real, reward_inputs
 from workers.scoring.scorers import Rescoring
-from workers.vllm_runtime import CPU_BLOCK_SIZE, EngineThread, modules_hidden, unscannable_modules, vllm_import_problem
+from workers.vllm_runtime import (
+    CPU_BLOCK_SIZE,
+    EngineThread,
+    cpu_head_size_problem,
+    modules_hidden,
+    unscannable_modules,
+    vllm_import_problem,
+)
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +56,9 @@ class VllmRewardScorer:
         # the engine core in this process, as the target's (workers.engines.vllm): read when the engine is built
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         self.path, self.tok, config = reward_folder(spec, field, trust_remote_code)
+        problem = cpu_head_size_problem(config, field) if device.type != "cuda" else None
+        if problem is not None:
+            raise ValueError(problem)
         text = config.get_text_config()
         self.head_pad = text.pad_token_id if text.pad_token_id is not None else self.tok.pad_token_id
         self.device, self.role, self.spec = device, role, spec
