@@ -242,6 +242,26 @@ def ensure() -> Path:
     return folder
 
 
+def build_seeded_reward(out: Path, source: Path | None = None, seed: int = 0) -> Path:
+    """SmolLM2's backbone (`source`, default this node's folder: `ensure`) under a scalar head drawn from `seed`,
+    saved to `out` as a sequence-classification reward model with SmolLM2's tokenizer: a reward model whose head size
+    (64) vLLM's CPU attention runs, unlike the tiny reward's (24), for the tests and the bench of
+    `models.reward.engine: vllm`. Its scores mean nothing; they are the same function under both reward engines."""
+    import torch
+    from transformers import AutoTokenizer, LlamaForSequenceClassification
+
+    source = ensure() if source is None else source
+    model = LlamaForSequenceClassification.from_pretrained(source, num_labels=1, dtype=torch.float32)
+    with torch.no_grad():
+        head = torch.randn(model.score.weight.shape, generator=torch.Generator().manual_seed(seed))
+        model.score.weight.copy_(head * 0.05)
+    tok = AutoTokenizer.from_pretrained(source)
+    model.config.pad_token_id = tok.pad_token_id
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
 def _build(folder: Path) -> None:
     """Convert into a temporary folder beside `folder`, record it, then rename it into place (the lock is held)."""
     global builds

@@ -11,6 +11,7 @@ serves the module; the transformers scores are taken before it exists (its CPU w
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -57,19 +58,7 @@ def target(tmp_path_factory):
 @pytest.fixture(scope="module")
 def folder(target):
     """SmolLM2's backbone under a scalar head drawn from a fixed seed, saved as a reward-model folder."""
-    from transformers import AutoTokenizer, LlamaForSequenceClassification
-
-    source = target
-    model = LlamaForSequenceClassification.from_pretrained(source, num_labels=1, dtype=torch.float32)
-    with torch.no_grad():
-        model.score.weight.copy_(torch.randn(model.score.weight.shape, generator=torch.Generator().manual_seed(0))
-                                 * 0.05)
-    tok = AutoTokenizer.from_pretrained(source)
-    model.config.pad_token_id = tok.pad_token_id
-    out = target.parent / "smollm2-reward"
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+    return smollm2.build_seeded_reward(target.parent / "smollm2-reward", target)
 
 
 def items(texts: list[list[str]]) -> list[Scored]:
@@ -184,3 +173,17 @@ def test_a_reward_model_that_vllms_cpu_attention_cannot_run_is_refused_naming_th
     with pytest.raises(ValueError, match=r"models.reward.path: head size 24, which vLLM's CPU attention does not run"):
         VllmRewardScorer(str(builtin_path("tiny-reward")), "models.reward.path", torch.device("cpu"), "float32",
                          False, None, seed=0)
+
+
+def test_the_bench_runs_both_reward_engines_to_the_same_rows(target, tmp_path, capsys, monkeypatch):
+    from bench import vllm_reward
+
+    monkeypatch.setenv("WINNOW_CACHE", str(target.parent))  # this module's SmolLM2 folder
+    out = tmp_path / "vllm_reward.json"
+    assert vllm_reward.main(["--prompts", "1", "--per-call", "1", "--n", "4", "--every", "4", "--max-new-tokens",
+                             "8", "--json", str(out)]) == 0
+    assert "reward engine: transformers vs vLLM" in capsys.readouterr().out
+    report = json.loads(out.read_text())
+    assert report["same_rows"] is True
+    assert 0 < report["hf"]["reward_tokens"] <= report["vllm"]["reward_tokens"]
+    assert report["hf"]["rejection_rounds"] == report["vllm"]["rejection_rounds"] > 0
