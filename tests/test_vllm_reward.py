@@ -167,6 +167,11 @@ def test_the_target_and_the_reward_each_on_a_vllm_engine_in_one_actor(folder, re
     assert close([row["best_reward"] for row in rows], want), ([row["best_reward"] for row in rows], want)
 
 
+def test_a_reward_cache_that_holds_no_block_is_refused_naming_the_field(folder):
+    with pytest.raises(ValueError, match=r"models.reward.kv_cache_mb: 0.1 MiB holds no 32-token block"):
+        VllmRewardScorer(str(folder), "models.reward.path", torch.device("cpu"), "float32", False, 0.1, seed=0)
+
+
 def test_a_reward_model_that_vllms_cpu_attention_cannot_run_is_refused_naming_the_field():
     from assets import builtin_path
 

@@ -63,12 +63,16 @@ class VllmRewardScorer:
         self.head_pad = text.pad_token_id if text.pad_token_id is not None else self.tok.pad_token_id
         self.device, self.role, self.spec = device, role, spec
         self.dtype = pick_dtype(dtype_setting, device, checkpoint_dtype(self.path))
-        cache_bytes = int((kv_cache_mb if kv_cache_mb is not None else REWARD_KV_CACHE_MB) * 2**20)
+        cache_mb = kv_cache_mb if kv_cache_mb is not None else REWARD_KV_CACHE_MB
+        cache_bytes = int(cache_mb * 2**20)
         block = CPU_BLOCK_SIZE if device.type != "cuda" else 16
         # vLLM refuses a cache that cannot hold one input of the model's whole context: the inputs are then cut to
         # what it holds, as to the context (each cut counted in stats.reward_inputs_truncated)
         holds = cache_bytes // kv_bytes_per_token(config, torch.tensor([], dtype=self.dtype).element_size())
         holds -= holds % block + block  # whole blocks, less vLLM's null block
+        if holds <= 0:
+            raise ValueError(f"models.reward.kv_cache_mb: {cache_mb:g} MiB holds no {block}-token block of "
+                             f"{spec}'s KV cache beside vLLM's own; give it more")
         self.max_len = context_length(config)
         if self.max_len is None or holds < self.max_len:
             log.warning("models.reward.kv_cache_mb: the reward engine's cache holds %d tokens%s; longer reward inputs "
