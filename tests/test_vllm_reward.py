@@ -16,6 +16,7 @@ import os
 
 import pytest
 import torch
+from conftest import job_config, winnow, write_config
 from trio_helpers import config, demo_items
 
 from assets import smollm2
@@ -192,3 +193,23 @@ def test_the_bench_runs_both_reward_engines_to_the_same_rows(target, tmp_path, c
     assert report["same_rows"] is True
     assert 0 < report["hf"]["reward_tokens"] <= report["vllm"]["reward_tokens"]
     assert report["hf"]["rejection_rounds"] == report["vllm"]["rejection_rounds"] > 0
+
+
+@pytest.mark.slow
+def test_winnow_generate_scores_with_the_vllm_reward_in_its_actors(folder, reference, tmp_path):
+    """The job as a user runs it: `winnow generate` on a local Ray, the reward on a vLLM engine in the actor; each
+    answer's reward is the transformers score of its text."""
+    import pyarrow.dataset as pads
+
+    cfg = write_config(tmp_path / "job.yaml", job_config(
+        tmp_path, data={"source": "builtin:demo-prompts", "prompt_column": "prompt", "id_column": "id", "limit": 2},
+        models={"target": "builtin:tiny-target",
+                "reward": {"kind": "model", "path": str(folder), "engine": "vllm", "kv_cache_mb": 512}}))
+    done = winnow("generate", str(cfg))
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = sorted(pads.dataset(str(tmp_path / "run" / "candidates")).to_table().to_pylist(),
+                  key=lambda r: r["prompt_id"])
+    assert [r["prompt_id"] for r in rows] == [i["prompt_id"] for i in demo_items(2)]
+    want = reference["hf"]([Scored(i, r["prompt"], r["best_text"], [], []) for i, r in enumerate(rows)], Meter(2))
+    assert close([r["best_reward"] for r in rows], want), ([r["best_reward"] for r in rows], want)
+    assert all(r["cost"]["reward_tokens"] > 0 for r in rows)
