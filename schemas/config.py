@@ -56,6 +56,7 @@ class ModelReward(Strict):
         "inputs are cut to what it holds (counted in stats.reward_inputs_truncated)."
     )
 
+
 class LogprobReward(Strict):
     kind: Literal["logprob"] = Field(
         description="Mean token log-probability of the response under the target (temperature 1): read from the "

@@ -69,9 +69,7 @@ def without_cudnn_attention() -> None:
     an execution plan for every new shape. On an H100 (torch 2.11) a decoding step's attention took about 2 ms of
     host time per layer that way (`python -m bench.gpu --profile`); the flash and memory-efficient kernels that
     remain need no plan. `python -m bench.gpu --cudnn-ab` measures the difference."""
-    enable = getattr(torch.backends.cuda, "enable_cudnn_sdp", None)
-    if enable is not None:
-        enable(False)
+    torch.backends.cuda.enable_cudnn_sdp(False)
 
 
 def pick_dtype(setting: str, device: torch.device, checkpoint_dtype: torch.dtype | None) -> torch.dtype:
