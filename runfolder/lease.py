@@ -36,6 +36,7 @@ from schemas.base import InputError
 
 LEASE_FILE = "_lease.json"
 DEFAULT_TTL_S = 120.0
+HOLDER_WRITE_WAIT_S = 2.0  # how long a reader waits for a fresh holder to write its name into the file it locked
 
 
 def ttl_seconds() -> float:
@@ -110,6 +111,19 @@ def held_message(shown: str, holder: Holder, lease: str) -> str:
             "stop it first")
 
 
+def _locker(fd: int) -> Holder:
+    """Who holds the lock on the local lease file `fd`. A holder writes its name right after it locks, so a reader
+    that finds the file still empty (two runs started together) waits up to HOLDER_WRITE_WAIT_S for it."""
+    deadline = time.monotonic() + HOLDER_WRITE_WAIT_S
+    while True:
+        holder = Holder.decode(os.pread(fd, 1 << 16, 0))
+        if holder is not None:
+            return holder
+        if time.monotonic() > deadline:
+            return Holder("another process", "?", -1, "?", "", 0, 0)
+        time.sleep(0.02)
+
+
 def holder_of(fs, path: str) -> Holder | None:
     """The live holder of the lease file `path`, or None when nobody holds it (no lease, released, expired, or on a
     local disk a lock that no process holds)."""
@@ -124,7 +138,7 @@ def holder_of(fs, path: str) -> Holder | None:
             try:
                 fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
             except BlockingIOError:  # a live process holds it
-                return Holder.decode(os.pread(fd, 1 << 16, 0)) or Holder("another process", "?", -1, "?", "", 0, 0)
+                return _locker(fd)
             fcntl.flock(fd, fcntl.LOCK_UN)
             return None
         finally:
@@ -188,9 +202,9 @@ class Lease:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                holder = Holder.decode(os.pread(fd, 1 << 16, 0))
+                holder = _locker(fd)
                 os.close(fd)
-                raise self.refusal(holder or Holder("another process", "?", -1, "?", "", 0, 0)) from None
+                raise self.refusal(holder) from None
             # The file may have been unlinked by its releasing holder between our open and our lock: then we hold a
             # lock on a file nobody else will open. Retry on the file that is there now.
             try:

@@ -58,6 +58,25 @@ def test_a_local_lease_refuses_a_second_holder_and_names_the_first(tmp_path):
     assert not folder.exists()  # the lease made the folder, nothing else was written: it goes again
 
 
+def test_a_reader_waits_for_a_fresh_holder_to_write_its_name(tmp_path):
+    """A run locks the lease file, then writes who it is: a second run reading in between (two runs started
+    together, seen in CI) waits for the name instead of saying "another process on host ?"."""
+    import fcntl
+
+    path = str(tmp_path / LEASE_FILE)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT)
+    holder = Holder("winnow generate", "here", 1, "now", "t", 0.0, 1.0)
+    writes = threading.Timer(0.3, lambda: os.pwrite(fd, holder.encode(), 0))
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # held, the file still empty
+        writes.start()
+        seen = holder_of(filesystem(path)[0], path)
+    finally:
+        writes.join()
+        os.close(fd)
+    assert seen is not None and seen.describe() == holder.describe()
+
+
 def test_a_local_lease_of_a_killed_process_is_free_at_once_and_taken_over(tmp_path):
     fs, path = filesystem(str(tmp_path / "run"))
     proc = hold_in_subprocess(lease_path(path))
