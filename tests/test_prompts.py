@@ -528,3 +528,32 @@ def test_the_driver_reads_lines_longer_than_its_reading_blocks(tmp_path):
     with pytest.raises(InputError) as err:
         check_source(config_for(tmp_path, src))
     assert err.value.problems == [f"data.source: {src}: line 3 is not valid JSON (Expecting value, column 23)"]
+
+
+@pytest.mark.parametrize("fmt, limit", [("jsonl", None), ("csv", None), ("jsonl", 3), ("parquet", 3)])
+def test_reading_a_source_cancels_no_read_task(ray_session, tmp_path, monkeypatch, fmt, limit):
+    """Ray Data learns a JSON or CSV source's schema by reading one block, and stops at data.limit, then force-cancels
+    the read tasks still running; a cancel that met a task finishing crashed the driver once ("Tried to complete
+    task that was not pending", Ray 2.60). A source read whole anyway (no limit), or small, is read to its end
+    first (`read_first`): no task is cancelled."""
+    import ray
+
+    rows = [{"id": f"q{i}", "prompt": f"Write about item {i}."} for i in range(500)]
+    src = tmp_path / f"p.{fmt}"
+    if fmt == "jsonl":
+        write_jsonl(src, rows)
+    elif fmt == "csv":
+        src.write_text("id,prompt\n" + "".join(f"{r['id']},{r['prompt']}\n" for r in rows))
+    else:
+        pq.write_table(pa.Table.from_pylist(rows), src)
+    cancels = []
+    real_cancel = ray.cancel
+
+    def recording_cancel(ref, *args, **kwargs):
+        cancels.append(kwargs.get("force"))
+        return real_cancel(ref, *args, **kwargs)
+
+    monkeypatch.setattr(ray, "cancel", recording_cancel)
+    table = load_prompts(config_for(tmp_path, src, limit=limit))
+    assert _ids(table) == [r["id"] for r in rows][:limit]
+    assert cancels == []

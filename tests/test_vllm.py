@@ -350,6 +350,9 @@ def test_a_run_killed_mid_way_resumes_and_writes_each_prompt_exactly_once(tmp_pa
             deadline = time.monotonic() + 400
             while committed() == 0 and first.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.05)
+            assert first.poll() is None, \
+                f"the first run ended (exit {first.returncode}) before it was killed:\n" \
+                + (tmp_path / "first.log").read_text()[-4000:]
             os.kill(first.pid, signal.SIGKILL)
             assert first.wait(30) == -signal.SIGKILL
         finally:
