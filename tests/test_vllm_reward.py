@@ -192,6 +192,8 @@ def test_the_bench_runs_both_reward_engines_to_the_same_rows(target, tmp_path, c
     report = json.loads(out.read_text())
     assert report["same_rows"] is True
     assert 0 < report["hf"]["reward_tokens"] <= report["vllm"]["reward_tokens"]
+    # the prefix cache: fewer reward tokens than the whole inputs of every decision (the prompt's blocks are shared)
+    assert report["vllm"]["reward_tokens"] < report["whole_rescoring"]["reward_tokens"]
     assert report["hf"]["rejection_rounds"] == report["vllm"]["rejection_rounds"] > 0
 
 
