@@ -242,20 +242,30 @@ def ensure() -> Path:
     return folder
 
 
-def build_seeded_reward(out: Path, source: Path | None = None, seed: int = 0) -> Path:
-    """SmolLM2's backbone (`source`, default this node's folder: `ensure`) under a scalar head drawn from `seed`,
-    saved to `out` as a sequence-classification reward model with SmolLM2's tokenizer: a reward model whose head size
-    (64) vLLM's CPU attention runs, unlike the tiny reward's (24), for the tests and the bench of
-    `models.reward.engine: vllm`. Its scores mean nothing; they are the same function under both reward engines."""
+def build_seeded_reward(out: Path, source: Path | None = None, seed: int = 0, num_labels: int = 1,
+                        step_tag: str | None = None) -> Path:
+    """SmolLM2's backbone (`source`, default this node's folder: `ensure`; any Llama folder will do) under a head of
+    `num_labels` drawn from `seed`, saved to `out` as a sequence-classification reward model with its tokenizer: a
+    reward model whose head size (64) vLLM's CPU attention runs, unlike the tiny reward's (24), for the tests and the
+    bench of `models.reward.engine: vllm`. With `step_tag`, that text is added to the tokenizer as a special token
+    (the embeddings grow by one row, drawn from `seed`): a process reward model's step tag (`kind: process`, read at
+    every token). Its scores mean nothing; they are the same function under both reward engines."""
     import torch
     from transformers import AutoTokenizer, LlamaForSequenceClassification
 
     source = ensure() if source is None else source
-    model = LlamaForSequenceClassification.from_pretrained(source, num_labels=1, dtype=torch.float32)
-    with torch.no_grad():
-        head = torch.randn(model.score.weight.shape, generator=torch.Generator().manual_seed(seed))
-        model.score.weight.copy_(head * 0.05)
+    model = LlamaForSequenceClassification.from_pretrained(source, num_labels=num_labels, dtype=torch.float32,
+                                                           ignore_mismatched_sizes=True)
     tok = AutoTokenizer.from_pretrained(source)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        head = torch.randn(model.score.weight.shape, generator=generator)
+        model.score.weight.copy_(head * 0.05)
+        if step_tag is not None:
+            tok.add_special_tokens({"additional_special_tokens": [step_tag]})
+            model.resize_token_embeddings(len(tok))
+            emb = model.get_input_embeddings().weight
+            emb[-1].copy_(torch.randn(emb.shape[1], generator=generator) * emb[:-1].std())
     model.config.pad_token_id = tok.pad_token_id
     model.save_pretrained(out)
     tok.save_pretrained(out)

@@ -21,46 +21,43 @@ import struct
 
 import assets
 from runfolder.parameters import NotCounted, count_parameters
-from schemas.config import JobConfig
+from schemas.config import MODEL_REWARDS, JobConfig
 from stores.filesystems import bucket_message, filesystem, missing_bucket
-from stores.model_folders import CAUSAL_LM, NEEDS, REWARD, model_folder_problems
+from stores.model_folders import CAUSAL_LM, NEEDS, PROCESS_REWARD, REWARD, model_folder_problems
 
 
-def model_fields(config: JobConfig) -> list[tuple[str, str]]:
-    """(field, location) of every model folder the config names."""
+def model_fields(config: JobConfig) -> list[tuple[str, str, str]]:
+    """(field, location, role) of every model folder the config names."""
     m = config.models
-    out = [("models.target", m.target)]
+    out = [("models.target", m.target, CAUSAL_LM)]
     if m.draft is not None:
-        out.append(("models.draft", m.draft))
-    if m.reward is not None and m.reward.kind == "model":
-        out.append(("models.reward.path", m.reward.path))
+        out.append(("models.draft", m.draft, CAUSAL_LM))
+    if m.reward is not None and m.reward.kind in MODEL_REWARDS:
+        out.append(("models.reward.path", m.reward.path, REWARD if m.reward.kind == "model" else PROCESS_REWARD))
     return out
-
-
-ROLES = {"models.target": CAUSAL_LM, "models.draft": CAUSAL_LM, "models.reward.path": REWARD}
 
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # owner/name, as the Hugging Face Hub names models
 
 
-def model_spec_problems(spec: str, field: str) -> list[str]:
-    """Every reason `spec` (as written in the config) is not a model folder for `field`'s role (a causal language
-    model for models.target and models.draft, a one-label sequence classifier for models.reward.path), and whether
+def model_spec_problems(spec: str, field: str, role: str | None) -> list[str]:
+    """Every reason `spec` (as written in the config) is not a model folder for `role` (a causal language model for
+    models.target and models.draft, a one-label sequence classifier for a `model` reward, a token classifier for a
+    `process` one; None: any head), and whether
     its weight files are whole (`weight_problems`). A Hub id (``owner/name``) that is no folder here is answered
     with how to fetch it; a missing S3 bucket is named. An asset built on the node that uses it is checked for its
     role and its extra only: it is not built here."""
     if assets.builds_on_node(spec):
         why = assets.unavailable(spec)
         problems = [f"{field}: {why}"] if why else []
-        want = ROLES.get(field)
-        if want is not None and assets.role(spec) != want:
-            problems.append(f"{field}: {spec} is {NEEDS[assets.role(spec)]}, not {NEEDS[want]}")
+        if role is not None and assets.role(spec) != role:
+            problems.append(f"{field}: {spec} is {NEEDS[assets.role(spec)]}, not {NEEDS[role]}")
         return problems
     try:
         location = assets.resolve(spec)
     except KeyError as err:
         return [f"{field}: {err.args[0]}"]
-    problems = model_folder_problems(location, field, shown=spec, role=ROLES.get(field))
+    problems = model_folder_problems(location, field, shown=spec, role=role)
     if problems == [f"{field}: {spec} does not exist"]:
         try:
             fs, root = filesystem(location)
@@ -169,13 +166,44 @@ def python_reward_problem(function: str) -> str | None:
     return None
 
 
+def process_reward_problems(config: JobConfig) -> list[str]:
+    """A `process` reward in a local folder whose tokenizer does not keep `step_tag` as one token, or whose head has
+    no label `label` (`workers.scoring.process_reward.Steps`, the checks the actor makes when it loads the PRM),
+    found here so that the run is refused before anything is written. A PRM on S3 or built on its node is checked
+    when the actor loads it."""
+    reward = config.models.reward
+    if reward is None or reward.kind != "process" or assets.builds_on_node(reward.path):
+        return []
+    location = assets.resolve(reward.path)
+    if "://" in location:
+        return []
+    from transformers import AutoTokenizer
+
+    from stores.model_folders import label_count
+    from workers.scoring.process_reward import Steps
+
+    steps = Steps.of(reward)
+    try:
+        with open(os.path.join(location, "config.json")) as f:
+            steps.check_label(label_count(json.load(f))[0])
+        tok = AutoTokenizer.from_pretrained(location, trust_remote_code=config.models.trust_remote_code)
+        steps.tag_id(tok)
+    except ValueError as err:
+        return [str(err)]
+    except Exception as err:  # noqa: BLE001 - a tokenizer that cannot load: the actor's load says it in full
+        return [f"models.reward.path: {reward.path}: its tokenizer cannot be loaded ({type(err).__name__}: {err})"]
+    return []
+
+
 def model_problems(config: JobConfig) -> list[str]:
-    problems = [p for field, spec in model_fields(config) for p in model_spec_problems(spec, field)]
+    problems = [p for field, spec, role in model_fields(config) for p in model_spec_problems(spec, field, role)]
     reward = config.models.reward
     if reward is not None and reward.kind == "python":
         problem = python_reward_problem(reward.function)
         if problem:
             problems.append(problem)
+    if not problems:
+        problems += process_reward_problems(config)
     return problems
 
 
@@ -233,7 +261,7 @@ def resolved(config: JobConfig, on_node: bool = False) -> JobConfig:
     update: dict = {"target": here(m.target)}
     if m.draft is not None:
         update["draft"] = here(m.draft)
-    if m.reward is not None and m.reward.kind == "model":
+    if m.reward is not None and m.reward.kind in MODEL_REWARDS:
         update["reward"] = m.reward.model_copy(update={"path": here(m.reward.path)})
     return config.model_copy(update={"models": m.model_copy(update=update)})
 

@@ -76,7 +76,7 @@ def run_cost(run: Run, resolve=lambda spec: spec) -> RunCost:
     counts = recorded if recorded is not None else counts_of(run.manifest.config.get("models") or {}, resolve)
     source = "manifest" if recorded is not None else "model folders"
     kind = reward_definition(run).kind
-    reward = {"model": counts.reward, "logprob": counts.target}.get(kind, 0)
+    reward = {"model": counts.reward, "process": counts.reward, "logprob": counts.target}.get(kind, 0)
     if kind == "unrecorded":
         reward = None
     params = {"target": counts.target, "draft": counts.draft, "reward": reward}

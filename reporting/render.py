@@ -28,7 +28,8 @@ BASIS_NAMES = {COMPUTE: "compute (FLOPs per prompt)", USD: "measured USD per pro
 DEFINITIONS = {
     "baseline": "the run given with --baseline; without it, the first RUN_DIR. Runs scored by another reward than "
     "the baseline's are compared with the first run given of their own reward",
-    "reward definition": "models.reward.kind and what identifies it: the reward model's path (model), the target "
+    "reward definition": "models.reward.kind and what identifies it: the reward model's path (model; process with its "
+    "step settings), the target "
     "(logprob: its reward is the target's own log-probability), the concepts column (lexical), the function "
     "(python). Runs with different definitions are never ranked against each other: each definition has its own "
     "frontier, baseline and tables",

@@ -21,6 +21,7 @@ import math
 import posixpath
 import struct
 
+from schemas.config import MODEL_REWARDS
 from schemas.manifest import ParameterCounts
 from stores.filesystems import filesystem
 
@@ -90,10 +91,10 @@ def count_parameters(location: str) -> int:
 
 def model_specs(models: dict) -> dict[str, str | None]:
     """role -> location of each model in a config's ``models`` (as a dict, as the manifest holds it): the target,
-    the draft and the reward model (a `model` reward's path; other kinds have none); None for a model the run does
+    the draft and the reward model (a `model` or `process` reward's path; other kinds have none); None for a model the run does
     not have."""
     reward = models.get("reward")
-    rm = reward.get("path") if isinstance(reward, dict) and reward.get("kind") == "model" else None
+    rm = reward.get("path") if isinstance(reward, dict) and reward.get("kind") in MODEL_REWARDS else None
     return {role: spec if isinstance(spec, str) else None
             for role, spec in (("target", models.get("target")), ("draft", models.get("draft")), ("reward", rm))}
 

@@ -245,6 +245,7 @@ def unique_labels(runs: list[Run]) -> list[str]:
 
 REWARD_UNITS = {
     "model": "reward model score",
+    "process": "process reward (0 to 1)",
     "logprob": "mean log-probability per token",
     "lexical": "fraction of concepts covered",
     "python": "python reward",
@@ -268,13 +269,14 @@ class RewardDefinition:
     function, the lexical concepts column; for `logprob`, the target, whose own log-probability the reward is).
     Two runs' rewards are on one scale only when their definitions are equal."""
 
-    kind: str  # model | logprob | lexical | python | none (no reward) | unrecorded (no models, or an unknown kind)
+    kind: str  # model | process | logprob | lexical | python | none (no reward) | unrecorded (an unknown kind, ...)
     identity: str  # the path, function, column or target; the reward's JSON for an unknown kind; "" otherwise
 
     @property
     def text(self) -> str:
         return {
             "model": f"reward model `{self.identity}`",
+            "process": f"process reward model {self.identity}",
             "logprob": f"logprob under the target `{self.identity}`",
             "lexical": f"lexical coverage of the `{self.identity}` column",
             "python": f"python reward `{self.identity}`",
@@ -300,6 +302,10 @@ def reward_definition(run: Run) -> RewardDefinition:
     kind = str(reward.get("kind"))
     if kind == "model":
         return RewardDefinition(kind, _location(reward.get("path")))
+    if kind == "process":  # the steps' scores and how they aggregate are part of what it measures
+        return RewardDefinition(kind, f"`{_location(reward.get('path'))}` ({reward.get('aggregate', 'min')} over "
+                                f"its steps of label {reward.get('label', 1)} at {reward.get('step_tag')!r}, steps "
+                                f"split on {reward.get('step_separator', chr(10) * 2)!r})")
     if kind == "logprob":
         return RewardDefinition(kind, _location(models.get("target")))
     if kind == "lexical":

@@ -7,7 +7,7 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, Union, get_args
 
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
@@ -57,6 +57,50 @@ class ModelReward(Strict):
     )
 
 
+class ProcessReward(ModelReward):
+    kind: Literal["process"] = Field(
+        description="A process reward model (PRM): it scores every step of a response, and the reward is the steps' "
+        "scores aggregated (`aggregate`). At Speculative Rejection's decisions a partial response is scored the same "
+        "way, its last, unfinished step included: early rejection with a partial reward."
+    )
+    path: str = Field(
+        description="Folder, s3:// prefix or builtin:NAME of an AutoModelForTokenClassification, or of a "
+        "sequence-classification checkpoint whose head is read at every token (what vLLM's token_classify does), "
+        "with its own tokenizer; prompt and response are rendered with that tokenizer's chat template, the response "
+        "as its steps each followed by `step_tag`."
+    )
+    batch_tokens: int = Field(
+        8192, ge=64, description="Most tokens of one scoring batch (sequences x padded length). Engine 'hf' (vLLM "
+        "schedules its own)."
+    )
+    engine: Literal["hf", "vllm"] = Field(
+        "hf", description="What runs the PRM. 'hf': transformers on the actor's device, every call scored whole. "
+        "'vllm': a vLLM pooling engine on the actor (task token_classify), every call scored whole (vLLM 0.32 "
+        "caches no prefix for per-token outputs). With either models.engine; needs vLLM (docs/vllm.md)."
+    )
+    kv_cache_mb: float | None = Field(
+        None, gt=0, description="Engine 'vllm': the PRM engine's KV cache in MiB, beside the target's; null: 512. "
+        "Smaller than one input of the PRM's whole context: inputs are cut to what it holds (counted in "
+        "stats.reward_inputs_truncated)."
+    )
+    step_separator: str = Field(
+        "\n\n", min_length=1, description="The text between two steps of a response; empty steps are dropped."
+    )
+    step_tag: str = Field(
+        min_length=1, description="What the PRM reads a step's score at, written after every step: e.g. "
+        "'<extra_0>' for Qwen2.5-Math-PRM, ' ки' for Math-Shepherd. It must be one token of the PRM's tokenizer "
+        "where it stands (checked when the actor loads the PRM)."
+    )
+    label: int = Field(
+        1, ge=0, description="A step's score: the softmax probability of this label where the PRM has two labels or "
+        "more; with one label, the sigmoid of its logit (label 0)."
+    )
+    aggregate: Literal["min", "product", "mean", "last"] = Field(
+        "min", description="The reward from the step scores: the weakest step (min), all steps right (product), "
+        "their mean, or the last step's."
+    )
+
+
 class LogprobReward(Strict):
     kind: Literal["logprob"] = Field(
         description="Mean token log-probability of the response under the target (temperature 1): read from the "
@@ -91,7 +135,9 @@ class PythonReward(Strict):
         return v
 
 
-Reward = Annotated[Union[ModelReward, LogprobReward, LexicalReward, PythonReward], Field(discriminator="kind")]
+Reward = Annotated[Union[ModelReward, ProcessReward, LogprobReward, LexicalReward, PythonReward],
+                   Field(discriminator="kind")]
+MODEL_REWARDS = ("model", "process")  # the reward kinds that are a model of their own, at models.reward.path
 
 
 class ModelsConfig(Strict):
@@ -287,7 +333,7 @@ LATE_FIELDS: dict[str, Any] = {
 
 _CROSS_MARK = "@@cross@@"
 register_union_tags(METHOD_NAMES)
-register_union_tags(["model", "logprob", "lexical", "python"])
+register_union_tags([get_args(r.model_fields["kind"].annotation)[0] for r in get_args(get_args(Reward)[0])])
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -33,8 +33,8 @@ class ParameterCounts(BaseModel):
 
     target: int | None = Field(None, description="parameters of models.target")
     draft: int | None = Field(None, description="parameters of models.draft; null without a draft")
-    reward: int | None = Field(None, description="parameters of the reward model (models.reward.path, kind model); "
-                               "null for the other kinds (logprob is scored by the target)")
+    reward: int | None = Field(None, description="parameters of the reward model (models.reward.path, kind model "
+                               "or process); null for the other kinds (logprob is scored by the target)")
     not_counted: dict[str, str] = Field(
         default_factory=dict, description="role (target, draft, reward) -> why its model could not be counted "
         "(e.g. only pytorch_model.bin weights)"

@@ -10,6 +10,7 @@ exactly what this renders, so neither reference can drift from the schema).
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import types
 import typing
@@ -26,7 +27,7 @@ from schemas import rows as R
 
 SECTIONS = ("config-reference", "output-columns")
 
-REWARDS = [C.ModelReward, C.LogprobReward, C.LexicalReward, C.PythonReward]
+REWARDS = list(typing.get_args(typing.get_args(C.Reward)[0]))
 METHODS = list(typing.get_args(typing.get_args(M.Method)[0]))
 
 
@@ -76,6 +77,8 @@ def default(field) -> str:
         return "required"
     if isinstance(value, bool):
         return f"`{str(value).lower()}`"
+    if isinstance(value, str) and not value.isprintable():
+        return f"`{json.dumps(value)}`"  # as YAML writes it in double quotes: "\n\n"
     return f"`{value}`"
 
 

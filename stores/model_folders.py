@@ -15,10 +15,11 @@ A model folder holds
   ``merges.txt``, ``vocab.txt``, ``spiece.model`` or ``sentencepiece.bpe.model``;
 - the head its role needs, read from config.json's ``architectures``: for `CAUSAL_LM` (models.target,
   models.draft) a ``*ForCausalLM``, ``*LMHeadModel`` or ``*ForConditionalGeneration``; for `REWARD`
-  (models.reward.path) a ``*ForSequenceClassification`` with one label (the size of ``id2label``, else
+  (models.reward.path of a `model` reward) a ``*ForSequenceClassification`` with one label (the size of ``id2label``, else
   ``num_labels``; with neither, transformers' `PretrainedConfig` defaults to 2 labels, which the reward loader refuses,
-  so it is refused here). A config whose ``auto_map`` names the role's Auto class (``AutoModelForCausalLM``,
-  ``AutoModelForSequenceClassification``; custom code) passes the class check. A config without ``architectures``
+  so it is refused here); for `PROCESS_REWARD` (a `process` reward) a ``*ForTokenClassification`` or
+  ``*ForSequenceClassification`` with any number of labels. A config whose ``auto_map`` names the role's Auto class (``AutoModelForCausalLM``,
+  ``AutoModelForSequenceClassification``, ``AutoModelForTokenClassification``; custom code) passes the class check. A config without ``architectures``
   (or an ``auto_map`` entry) is accepted with the head unchecked: nothing short of loading it would say which head
   it has.
 """
@@ -31,7 +32,8 @@ import posixpath
 from stores.filesystems import filesystem
 
 CAUSAL_LM = "causal_lm"  # models.target, models.draft
-REWARD = "reward"  # models.reward.path
+REWARD = "reward"  # models.reward.path of a `model` reward
+PROCESS_REWARD = "process_reward"  # models.reward.path of a `process` reward
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
@@ -39,9 +41,13 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json",
                    "sentencepiece.bpe.model")
 CAUSAL_HEADS = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
 REWARD_HEAD = "ForSequenceClassification"
-AUTO_CLASS = {CAUSAL_LM: "AutoModelForCausalLM", REWARD: "AutoModelForSequenceClassification"}
+PROCESS_HEADS = ("ForTokenClassification", "ForSequenceClassification")
+AUTO_CLASS = {CAUSAL_LM: "AutoModelForCausalLM", REWARD: "AutoModelForSequenceClassification",
+              PROCESS_REWARD: "AutoModelForTokenClassification"}
 NEEDS = {CAUSAL_LM: "a causal language model (architectures *ForCausalLM, *LMHeadModel or *ForConditionalGeneration)",
-         REWARD: "a sequence classifier with one label (architectures *ForSequenceClassification, num_labels 1)"}
+         REWARD: "a sequence classifier with one label (architectures *ForSequenceClassification, num_labels 1)",
+         PROCESS_REWARD: "a token classifier (architectures *ForTokenClassification, or a *ForSequenceClassification "
+                         "head read at every token)"}
 
 
 def model_folder_problem(location: str, field: str, shown: str | None = None, role: str | None = None) -> str | None:
@@ -104,6 +110,10 @@ def head_problem(config: dict, role: str) -> str | None:
         if custom or any(a.endswith(CAUSAL_HEADS) for a in archs):
             return None
         return f"config.json's architectures are {', '.join(archs)}; {field_role(role)} needs {needs}"
+    if role == PROCESS_REWARD:
+        if custom or any(a.endswith(PROCESS_HEADS) for a in archs):
+            return None  # any number of labels: models.reward.label is checked against it when the PRM loads
+        return f"config.json's architectures are {', '.join(archs)}; {field_role(role)} needs {needs}"
     if not custom and not any(a.endswith(REWARD_HEAD) for a in archs):
         return f"config.json's architectures are {', '.join(archs)}; {field_role(role)} needs {needs}"
     labels, source = label_count(config)
@@ -114,7 +124,7 @@ def head_problem(config: dict, role: str) -> str | None:
 
 
 def field_role(role: str) -> str:
-    return "a target or draft model" if role == CAUSAL_LM else "a reward model"
+    return {CAUSAL_LM: "a target or draft model", REWARD: "a reward model", PROCESS_REWARD: "a process reward model"}[role]
 
 
 def label_count(config: dict) -> tuple[int, str]:

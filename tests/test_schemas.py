@@ -53,13 +53,13 @@ def test_unknown_keys_get_close_spellings_and_keys_of_other_variants_name_their_
     assert "generation.max_tokens: unknown key; did you mean 'max_new_tokens'?" in got
     assert "models.reward.batch_tokns: unknown key; did you mean 'batch_tokens'?" in got
     # spelled right, but a field of another variant: not called misspelt
-    assert ("models.reward.path: 'path' is a field of reward kind 'model', not 'logprob' (set models.reward.kind: "
-            "model to use it, or remove the key)") in got
+    assert ("models.reward.path: 'path' is a field of reward kinds 'model' and 'process', not 'logprob' (set "
+            "models.reward.kind: one of them to use it, or remove the key)") in got
     assert ("method.alpha: 'alpha' is a field of method 'speculative_rejection', not 'best_of_n' (set method.name: "
             "speculative_rejection to use it, or remove the key)") in got
     assert len(got) == 6
     lexical = problems({**GOOD, "models": {"target": "t", "reward": {"kind": "lexical", "batch_tokens": 64}}})
-    assert lexical == ["models.reward.batch_tokens: 'batch_tokens' is a field of reward kinds 'model' and 'logprob', "
+    assert lexical == ["models.reward.batch_tokens: 'batch_tokens' is a field of reward kinds 'model', 'process' and 'logprob', "
                        "not 'lexical' (set models.reward.kind: one of them to use it, or remove the key)"]
     assert problems({**GOOD, "method": {"name": "best_of"}})[0].endswith("(did you mean 'best_of_n'?)")
     # a key of another variant wins over a near spelling in this one; a near spelling of another variant's key

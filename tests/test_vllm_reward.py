@@ -168,6 +168,30 @@ def test_the_target_and_the_reward_each_on_a_vllm_engine_in_one_actor(folder, re
     assert close([row["best_reward"] for row in rows], want), ([row["best_reward"] for row in rows], want)
 
 
+def test_a_process_reward_model_on_vllm_scores_its_steps_as_transformers_does(target):
+    """`kind: process` on engine vllm (task token_classify): SmolLM2's backbone under a seeded two-label head with a
+    `<step>` tag added; every partial and final response's reward within 1e-4 of the transformers PRM's, and the
+    tokens fed are the whole inputs (vLLM 0.32 reuses no cached prefix for per-token outputs)."""
+    from workers.loading import load_process_reward_model
+    from workers.scoring.process_reward import ProcessRewardScorer, Steps
+
+    prm = smollm2.build_seeded_reward(target.parent / "smollm2-prm", target, seed=3, num_labels=2, step_tag="<step>")
+    rule = Steps("\n\n", "<step>", 1, "min")
+    steps_of = [[t.replace(", ", "\n\n") for t in ts] for ts in RESPONSES]  # two or three steps each
+    partial = [[t[: len(t) // 2] for t in ts] for ts in steps_of]
+    loaded = load_process_reward_model(str(prm), "models.reward.path", torch.device("cpu"), "float32", False)
+    hf = ProcessRewardScorer(loaded.model, loaded.tokenizer, rule, 8192)
+    want = hf(items(partial) + items(steps_of), Meter(2))
+    on_vllm = VllmRewardScorer(str(prm), "models.reward.path", torch.device("cpu"), "float32", False, 256, seed=0,
+                               steps=rule)
+    meter = Meter(2)
+    got = on_vllm(items(partial) + items(steps_of), meter)
+    assert close(got, want), (got, want)
+    assert len(set(round(x, 5) for x in got)) >= len(got) // 2  # a random head: the check is not trivially true
+    whole = sum(len(ids) for ids in rule.inputs(on_vllm.tok, None, items(partial) + items(steps_of), Meter(2))[0])
+    assert int(meter.tokens["reward"].sum()) == whole
+
+
 def test_a_reward_cache_that_holds_no_block_is_refused_naming_the_field(folder):
     with pytest.raises(ValueError, match=r"models.reward.kv_cache_mb: 0.1 MiB holds no 32-token block"):
         VllmRewardScorer(str(folder), "models.reward.path", torch.device("cpu"), "float32", False, 0.1, seed=0)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from stores.model_folders import CAUSAL_LM, REWARD, model_folder_problem
+from stores.model_folders import CAUSAL_LM, PROCESS_REWARD, REWARD, model_folder_problem
 
 
 class ModelPathError(ValueError):
@@ -113,16 +113,17 @@ def load_causal_lm(spec: str, field: str, device: torch.device, dtype_setting: s
     return Loaded(model, tok, path)
 
 
-def reward_folder(spec: str, field: str, trust_remote_code: bool) -> tuple[Path, object, object]:
-    """A reward model's local folder, tokenizer and config, checked as both reward engines need them: one label
-    (the scalar logit is the reward), and a pad token (the EOS token when the tokenizer has none)."""
+def reward_folder(spec: str, field: str, trust_remote_code: bool, role: str = REWARD) -> tuple[Path, object, object]:
+    """A reward model's local folder, tokenizer and config, checked as both reward engines need them: for a `model`
+    reward one label (the scalar logit is the reward; a `process` reward, role PROCESS_REWARD, may have any), and a
+    pad token (the EOS token when the tokenizer has none)."""
     from transformers import AutoConfig, AutoTokenizer
 
-    path = local_model_folder(spec, field, REWARD)
+    path = local_model_folder(spec, field, role)
     with remote_code_guard(field, trust_remote_code):
         tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
         config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
-    if getattr(config, "num_labels", 1) != 1:
+    if role == REWARD and getattr(config, "num_labels", 1) != 1:
         raise ModelPathError(f"{field}: reward model must have num_labels = 1, got {config.num_labels}")
     if tok.pad_token_id is None:
         if tok.eos_token_id is None:
@@ -140,6 +141,25 @@ def load_reward_model(spec: str, field: str, device: torch.device, dtype_setting
         model = AutoModelForSequenceClassification.from_pretrained(
             path, dtype=dtype, trust_remote_code=trust_remote_code
         )
+    if model.config.pad_token_id is None:
+        model.config.pad_token_id = tok.pad_token_id
+    model.to(device).eval()
+    return Loaded(model, tok, path)
+
+
+def load_process_reward_model(spec: str, field: str, device: torch.device, dtype_setting: str,
+                              trust_remote_code: bool) -> Loaded:
+    """A process reward model: an AutoModelForTokenClassification, or a sequence-classification checkpoint, loaded as
+    such (its head is then read at every token: `workers.scoring.process_reward.per_token_logits`)."""
+    from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification
+
+    path, tok, config = reward_folder(spec, field, trust_remote_code, PROCESS_REWARD)
+    archs = getattr(config, "architectures", None) or []
+    auto = AutoModelForSequenceClassification if any(a.endswith("ForSequenceClassification") for a in archs) \
+        else AutoModelForTokenClassification
+    dtype = pick_dtype(dtype_setting, device, checkpoint_dtype(path))
+    with remote_code_guard(field, trust_remote_code):
+        model = auto.from_pretrained(path, dtype=dtype, trust_remote_code=trust_remote_code)
     if model.config.pad_token_id is None:
         model.config.pad_token_id = tok.pad_token_id
     model.to(device).eval()

