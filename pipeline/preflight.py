@@ -23,7 +23,7 @@ import assets
 from runfolder.parameters import NotCounted, count_parameters
 from schemas.config import MODEL_REWARDS, JobConfig
 from stores.filesystems import bucket_message, filesystem, missing_bucket
-from stores.model_folders import CAUSAL_LM, NEEDS, PROCESS_REWARD, REWARD, model_folder_problems
+from stores.model_folders import CAUSAL_LM, NEEDS, PROCESS_REWARD, REWARD, label_count, model_folder_problems
 
 
 def model_fields(config: JobConfig) -> list[tuple[str, str, str]]:
@@ -43,10 +43,9 @@ HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # owner/name, as the Huggi
 def model_spec_problems(spec: str, field: str, role: str | None) -> list[str]:
     """Every reason `spec` (as written in the config) is not a model folder for `role` (a causal language model for
     models.target and models.draft, a one-label sequence classifier for a `model` reward, a token classifier for a
-    `process` one; None: any head), and whether
-    its weight files are whole (`weight_problems`). A Hub id (``owner/name``) that is no folder here is answered
-    with how to fetch it; a missing S3 bucket is named. An asset built on the node that uses it is checked for its
-    role and its extra only: it is not built here."""
+    `process` one; None: any head), and whether its weight files are whole (`weight_problems`). A Hub id
+    (``owner/name``) that is no folder here is answered with how to fetch it; a missing S3 bucket is named. An asset
+    built on the node that uses it is checked for its role and its extra only: it is not built here."""
     if assets.builds_on_node(spec):
         why = assets.unavailable(spec)
         problems = [f"{field}: {why}"] if why else []
@@ -179,7 +178,6 @@ def process_reward_problems(config: JobConfig) -> list[str]:
         return []
     from transformers import AutoTokenizer
 
-    from stores.model_folders import label_count
     from workers.scoring.process_reward import Steps
 
     steps = Steps.of(reward)
