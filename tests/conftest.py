@@ -69,3 +69,35 @@ def winnow(*args: str, env: dict | None = None, timeout: float = 600, cwd: Path 
 def exploding_reward(prompts, texts):
     """A `python` reward (`conftest:exploding_reward`) whose service is down: the engine fails on every batch."""
     raise RuntimeError("reward service unavailable")
+
+
+def committed_batches(run: Path) -> int:
+    """Batches Ray Data's checkpoint has committed in run folder `run` (files not pending)."""
+    ckpt = run / "_checkpoint"
+    return len([p for p in ckpt.glob("*.parquet") if not p.name.endswith(".pending.parquet")]) if ckpt.exists() else 0
+
+
+def kill_once_committed(cfg: Path, run: Path, log: Path, timeout: float = 400) -> None:
+    """Start `winnow generate cfg` (its own process group), SIGKILL it as soon as a batch of `run` has committed,
+    then every process of its group (the local Ray it started, its actors and their engines), so that none of them
+    writes afterwards. Fails, with the run's log, if it ended before it was killed."""
+    import signal
+    import time
+
+    with open(log, "w") as out:
+        first = subprocess.Popen([sys.executable, "-m", "jobs.generate", str(cfg)], cwd=ROOT, stdout=out,
+                                 stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            deadline = time.monotonic() + timeout
+            while committed_batches(run) == 0 and first.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert first.poll() is None, \
+                f"the first run ended (exit {first.returncode}) before it was killed:\n{log.read_text()[-4000:]}"
+            os.kill(first.pid, signal.SIGKILL)
+            assert first.wait(30) == -signal.SIGKILL
+        finally:
+            time.sleep(2)
+            try:
+                os.killpg(first.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass

@@ -5,17 +5,13 @@ from __future__ import annotations
 import collections
 import json
 import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import ROOT, job_config, winnow, write_config, write_jsonl
+from conftest import ROOT, job_config, kill_once_committed, winnow, write_config, write_jsonl
 from jobs import generate
 from schemas.rows import ROW_SCHEMA
 
@@ -137,32 +133,12 @@ def test_an_engine_failure_fails_the_job_loudly(tmp_path):
     assert m["status"] == "failed" and "reward service unavailable" in m["error"] and m["finished_at"]
 
 
-def _committed(run: Path) -> int:
-    ckpt = run / "_checkpoint"
-    return len([p for p in ckpt.glob("*.parquet") if not p.name.endswith(".pending.parquet")]) if ckpt.exists() else 0
-
-
 def test_sigkill_then_resume_writes_each_prompt_exactly_once(tmp_path):
     run = tmp_path / "run"
     cfg = write_config(tmp_path / "job.yaml", job_config(
         tmp_path, data={"limit": None}, method={"name": "best_of_n", "n": 8}, generation={"max_new_tokens": 32},
         resources={"workers": 1, "prompts_per_batch": 1}))
-    cmd = [sys.executable, "-m", "jobs.generate", str(cfg)]
-    log = open(tmp_path / "first.log", "w")
-    first = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 300
-        while _committed(run) == 0 and first.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.1)
-        os.kill(first.pid, signal.SIGKILL)
-        assert first.wait(30) == -signal.SIGKILL
-    finally:
-        time.sleep(2)
-        try:  # Ray processes the killed driver started, so that none of them writes during the second run
-            os.killpg(first.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        log.close()
+    kill_once_committed(cfg, run, tmp_path / "first.log", timeout=300)
     written_before = len({r["prompt_id"] for r in rows_of(run)}) if (run / "candidates").exists() else 0
     assert 0 < written_before < len(DEMO), f"the kill should land mid-run; {written_before} rows were written"
     assert manifest_of(run)["status"] == "running"

@@ -16,7 +16,7 @@ import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import pytest
 import torch
-from conftest import ROOT, job_config, winnow, write_config
+from conftest import job_config, kill_once_committed, winnow, write_config
 from trio_helpers import config, demo_items
 
 try:
@@ -325,9 +325,6 @@ def test_a_run_killed_mid_way_resumes_and_writes_each_prompt_exactly_once(tmp_pa
     a batch has committed; the rerun resumes and writes every prompt exactly once."""
     import collections
     import json
-    import signal
-    import subprocess
-    import time
 
     import assets
 
@@ -337,30 +334,7 @@ def test_a_run_killed_mid_way_resumes_and_writes_each_prompt_exactly_once(tmp_pa
                           **MODELS},
         method={"name": "best_of_n", "n": 32}, generation={"max_new_tokens": 64}, data={"limit": None},
         resources={"workers": 1, "prompts_per_batch": 1}))
-    ckpt = run / "_checkpoint"
-
-    def committed() -> int:
-        return len([p for p in ckpt.glob("*.parquet") if not p.name.endswith(".pending.parquet")]) \
-            if ckpt.exists() else 0
-
-    with open(tmp_path / "first.log", "w") as log:
-        first = subprocess.Popen([sys.executable, "-m", "jobs.generate", str(cfg)], cwd=ROOT, stdout=log,
-                                 stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            deadline = time.monotonic() + 400
-            while committed() == 0 and first.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert first.poll() is None, \
-                f"the first run ended (exit {first.returncode}) before it was killed:\n" \
-                + (tmp_path / "first.log").read_text()[-4000:]
-            os.kill(first.pid, signal.SIGKILL)
-            assert first.wait(30) == -signal.SIGKILL
-        finally:
-            time.sleep(2)
-            try:  # the Ray processes the killed driver started, its actor and engine with them
-                os.killpg(first.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+    kill_once_committed(cfg, run, tmp_path / "first.log")
     prompts = [p["prompt_id"] for p in assets.demo_prompts(0, None)]
     written = len({r["prompt_id"] for r in pads.dataset(str(run / "candidates")).to_table().to_pylist()})
     assert 0 < written < len(prompts), f"the kill should land mid-run; {written} rows were written"

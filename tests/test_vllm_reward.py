@@ -16,7 +16,7 @@ import os
 
 import pytest
 import torch
-from conftest import job_config, winnow, write_config
+from conftest import job_config, kill_once_committed, winnow, write_config
 from trio_helpers import config, demo_items
 
 from assets import smollm2
@@ -222,20 +222,30 @@ def test_the_bench_runs_both_reward_engines_to_the_same_rows(target, tmp_path, c
 
 
 @pytest.mark.slow
-def test_winnow_generate_scores_with_the_vllm_reward_in_its_actors(folder, reference, tmp_path):
-    """The job as a user runs it: `winnow generate` on a local Ray, the reward on a vLLM engine in the actor; each
-    answer's reward is the transformers score of its text."""
+def test_winnow_generate_with_the_vllm_reward_killed_and_resumed_scores_each_prompt_once(folder, reference, tmp_path):
+    """The job as a user runs it: `winnow generate` on a local Ray, the reward on a vLLM engine in the actor, killed
+    with SIGKILL (driver, Ray, actor and both engines) once a batch has committed, then run again: every prompt is
+    written exactly once, and each answer's reward is the transformers score of its text."""
+    import collections
+
     import pyarrow.dataset as pads
 
+    run = tmp_path / "run"
     cfg = write_config(tmp_path / "job.yaml", job_config(
-        tmp_path, data={"source": "builtin:demo-prompts", "prompt_column": "prompt", "id_column": "id", "limit": 2},
+        tmp_path, data={"source": "builtin:demo-prompts", "prompt_column": "prompt", "id_column": "id", "limit": 16},
         models={"target": "builtin:tiny-target",
-                "reward": {"kind": "model", "path": str(folder), "engine": "vllm", "kv_cache_mb": 512}}))
+                "reward": {"kind": "model", "path": str(folder), "engine": "vllm", "kv_cache_mb": 512}},
+        method={"name": "best_of_n", "n": 8}, generation={"max_new_tokens": 32},
+        resources={"workers": 1, "prompts_per_batch": 1}))
+    kill_once_committed(cfg, run, tmp_path / "first.log")
+    written = len({r["prompt_id"] for r in pads.dataset(str(run / "candidates")).to_table().to_pylist()})
+    assert 0 < written < 16, f"the kill should land mid-run; {written} rows were written"
+
     done = winnow("generate", str(cfg))
     assert done.returncode == 0, done.stderr[-3000:]
-    rows = sorted(pads.dataset(str(tmp_path / "run" / "candidates")).to_table().to_pylist(),
-                  key=lambda r: r["prompt_id"])
-    assert [r["prompt_id"] for r in rows] == [i["prompt_id"] for i in demo_items(2)]
-    want = reference["hf"]([Scored(i, r["prompt"], r["best_text"], [], []) for i, r in enumerate(rows)], Meter(2))
+    assert f"{written} already written" in done.stdout
+    rows = sorted(pads.dataset(str(run / "candidates")).to_table().to_pylist(), key=lambda r: r["prompt_id"])
+    assert collections.Counter(r["prompt_id"] for r in rows) == collections.Counter(
+        i["prompt_id"] for i in demo_items(16))  # exactly once
+    want = reference["hf"]([Scored(i, r["prompt"], r["best_text"], [], []) for i, r in enumerate(rows)], Meter(16))
     assert close([r["best_reward"] for r in rows], want), ([r["best_reward"] for r in rows], want)
-    assert all(r["cost"]["reward_tokens"] > 0 for r in rows)
