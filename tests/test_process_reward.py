@@ -105,6 +105,8 @@ def test_a_tag_that_is_not_one_token_or_is_the_unknown_token_or_a_label_past_the
         scorer(loaded, tag="<st ep>")
     with pytest.raises(ValueError, match=r"models.reward.step_tag: .* is the unknown token"):
         scorer(loaded, tag="ки")
+    with pytest.raises(ValueError, match=r"models.reward.step_tag: 'dog' does not stay one token after a step"):
+        scorer(loaded, tag="dog")  # one word on its own, but glued to the step's last word it is another
     with pytest.raises(ValueError, match=r"models.reward.label: 2 is no label of the process reward model, which "
                                          r"has 2 \(0 to 1\)"):
         scorer(loaded, label=2)

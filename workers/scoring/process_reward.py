@@ -49,22 +49,27 @@ class Steps:
         return "".join(step + self.tag for step in self.split(text))
 
     def tag_id(self, tokenizer, field: str = "models.reward.step_tag") -> int:
-        """The tag's token id; a tag that is not one token where it stands (probed in a two-step response rendered
-        with the PRM's template) is refused naming `field`."""
-        ids = tokenizer(self.tag, add_special_tokens=False)["input_ids"]
-        if len(ids) != 1:
-            raise ValueError(f"{field}: {self.tag!r} is {len(ids)} tokens of the process reward model's tokenizer "
-                             f"({ids}); it must be one")
-        if ids[0] == tokenizer.unk_token_id:
-            raise ValueError(f"{field}: {self.tag!r} is the unknown token of the process reward model's tokenizer, "
-                             "which any unknown text also becomes; use a tag the tokenizer knows")
+        """The tag's token id: the one token the tag is on its own, or the vocabulary entry spelled as the tag (a
+        SentencePiece tokenizer may add a word-start piece to it on its own), whichever a two-step response rendered
+        with the PRM's template holds exactly twice. Any other tag is refused naming `field`."""
+        unk = tokenizer.unk_token_id
+        alone = tokenizer(self.tag, add_special_tokens=False)["input_ids"]
+        spelled = tokenizer.convert_tokens_to_ids(self.tag)
+        candidates = [i for i in ([alone[0]] if len(alone) == 1 else []) + [spelled] if i is not None and i != unk]
         probe = Scored(0, [{"role": "user", "content": "Add 2 and 3."}], "", [], [])
         seen = reward_inputs(tokenizer, None, [probe], None, [self.tagged(f"2 + 3{self.separator}= 5")])[0][0]
-        if seen.count(ids[0]) != 2:
-            raise ValueError(f"{field}: {self.tag!r} does not stay one token after a step in the process reward "
-                             "model's chat template (it merges with the text beside it, or the template "
-                             "holds it too); choose a tag its tokenizer keeps apart, such as a special token")
-        return ids[0]
+        for i in candidates:
+            if seen.count(i) == 2:
+                return i
+        if not candidates and unk is not None and alone == [unk]:
+            raise ValueError(f"{field}: {self.tag!r} is the unknown token of the process reward model's tokenizer, "
+                             "which any unknown text also becomes; use a tag the tokenizer knows")
+        if not candidates:
+            raise ValueError(f"{field}: {self.tag!r} is {len(alone)} tokens of the process reward model's tokenizer "
+                             f"({alone}); it must be one")
+        raise ValueError(f"{field}: {self.tag!r} does not stay one token after a step in the process reward "
+                         "model's chat template (it merges with the text beside it, or the template holds it too); "
+                         "choose a tag its tokenizer keeps apart, such as a special token")
 
     def reward(self, logits: torch.Tensor, ids: list[int], tag_id: int, steps: int) -> float:
         """The reward of one input from its per-token logits [L, labels]: each of its last `steps` tags' scores
