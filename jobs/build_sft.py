@@ -23,15 +23,17 @@ def _parser() -> argparse.ArgumentParser:
         "prompt-completion SFT dataset (Parquet + datasets.save_to_disk + dataset card).",
     )
     p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folders (local or s3://bucket/prefix)")
-    p.add_argument("--out", required=True, help="output folder (local or s3://); refused if it exists and is not "
-                   "empty, unless --overwrite")
+    p.add_argument("--out", required=True, help="output folder (local or s3://); refused if it holds anything but an "
+                   "earlier output of a winnow command, and then unless --overwrite")
     p.add_argument("--select", default="best", help="'best' (default) or 'top-k=K': candidates kept per prompt")
     p.add_argument("--min-reward", type=float, default=None, metavar="R", help="keep only rewards >= R")
     p.add_argument("--include-rejected", action="store_true",
                    help="keep candidates Speculative Rejection stopped early (only those that have a reward)")
     p.add_argument("--include-truncated", action="store_true",
                    help="keep candidates that hit max_new_tokens (finish_reason 'length')")
-    p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an --out that holds an earlier output of a winnow command (only that: a folder "
+                   "holding anything else is refused, and nothing is deleted)")
     return p
 
 

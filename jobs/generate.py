@@ -25,7 +25,8 @@ PROG = "winnow generate"
 def main(argv: list[str] | None = None) -> int:
     p = config_args.parser(PROG, "Run a generation job on Ray (resumes an interrupted run of the same config).")
     p.add_argument("--overwrite", action="store_true",
-                   help="clear output.path first when it holds a Winnow run (of any config)")
+                   help="replace the run in output.path (of any config): its own files are deleted first; a folder "
+                        "that holds anything else is refused, and nothing else is deleted")
     p.add_argument("--progress", action="store_true",
                    help="show Ray Data's progress and Ray's INFO lines, the model-loading bars of the workers and "
                         "the deprecation warnings of the pipeline's Ray calls (quiet by default)")

@@ -29,8 +29,8 @@ def _parser() -> argparse.ArgumentParser:
         "001's improvement score and relative compute. Writes report.md, report.json and PNG plots to --out.",
     )
     p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folders (local or s3://bucket/prefix)")
-    p.add_argument("--out", required=True, help="report folder (local or s3://); refused if it exists and is not "
-                   "empty, unless --overwrite")
+    p.add_argument("--out", required=True, help="report folder (local or s3://); refused if it holds anything but an "
+                   "earlier output of a winnow command, and then unless --overwrite")
     p.add_argument("--baseline", default=None, metavar="RUN_DIR",
                    help="the run others are compared with (default: the first RUN_DIR); added to the report if "
                    "it is not one of the RUN_DIRs")
@@ -38,7 +38,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="the cost runs are ranked by: compute (default; FLOPs from tokens and parameter counts, the "
                    "same for the same runs every time) or usd (measured device-seconds x price, which moves with "
                    "the machine's load)")
-    p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an --out that holds an earlier output of a winnow command (only that: a folder "
+                   "holding anything else is refused, and nothing is deleted)")
     return p
 
 

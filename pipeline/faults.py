@@ -29,9 +29,7 @@ from collections.abc import Iterator
 from datetime import datetime, timezone
 
 from pipeline.raydata import short_error
-from runfolder.folder import RunFolder, refresh
-
-INFLIGHT = "_inflight"
+from runfolder.folder import INFLIGHT, RunFolder, refresh
 
 logger = logging.getLogger(__name__)
 

@@ -40,11 +40,11 @@ import ray
 import ray.data
 from ray.data.checkpoint import CheckpointConfig
 
-from pipeline.faults import INFLIGHT
 from pipeline.preflight import count_model, model_problems, resolved, working_dir_problems
 from pipeline.prompts import Source, check_source, source_location, write_prompts
 from pipeline.raydata import data_context, own_deprecations, quiet_ray_data, ray_init_options, short_error
 from runfolder.folder import (
+    INFLIGHT,
     RunFolder,
     Tally,
     as_first_spelled,

@@ -49,6 +49,20 @@ PROMPTS_DONE = "_COMPLETE.json"  # in prompts/, written last: the set is whole
 LEGACY_PROMPTS = "prompts.parquet"  # the single file earlier versions wrote; still read
 ORPHANS = "_checkpoint_orphans"
 DAMAGED = "damaged"  # in ORPHANS: committed data files that could not be read, moved aside
+INFLIGHT = "_inflight"  # records of the batches actors are running (`pipeline.faults`)
+
+# Everything Winnow writes at the top of a run folder, and the files it writes inside each of its folders. Anything
+# else was put there by someone else: it is never deleted (`--overwrite` names it and refuses), only left alone.
+OWNED: dict[str, re.Pattern | None] = {  # name -> what the folder of that name holds (None: a file)
+    "manifest.json": None,
+    LEGACY_PROMPTS: None,
+    PROMPTS_DIR: re.compile(r"^(?:[^/]+\.parquet|" + re.escape(PROMPTS_DONE) + r")$"),
+    "candidates": re.compile(r"^[^/]+\.parquet$"),
+    "_checkpoint": re.compile(r"^[^/]+\.parquet$"),
+    ORPHANS: re.compile(r"^(?:[^/]+\.parquet|" + re.escape(DAMAGED) + r"/[^/]+)$"),
+    INFLIGHT: re.compile(r"^[^/]+\.json$"),
+}
+_ATOMIC_TMP = re.compile(r"^\.[^/]+\.[0-9a-f]{8}\.tmp$")  # `RunFolder._write_atomic`'s file before its rename
 
 
 def refresh(fs, path: str) -> None:
@@ -171,18 +185,51 @@ class RunFolder:
 
     # -- writing ----------------------------------------------------------------------------------------------------
 
+    def foreign(self) -> list[str]:
+        """What the folder holds that Winnow did not write (`OWNED`), relative to the folder, folders with a
+        trailing slash: a user's notes beside the run, or files put inside its folders."""
+        out = []
+        for entry in self.entries():
+            name = posixpath.basename(entry.rstrip("/"))
+            is_dir = self.fs.isdir(entry)
+            if name not in OWNED and not (not is_dir and _ATOMIC_TMP.match(name)):
+                out.append(name + ("/" if is_dir else ""))
+            elif name in OWNED and is_dir != (OWNED[name] is not None):
+                out.append(name + ("/" if is_dir else ""))
+            elif is_dir:
+                inside = OWNED[name]
+                for p in self.fs.find(entry, withdirs=False):
+                    rel = p[len(entry.rstrip("/")) + 1:]
+                    if not inside.match(rel):
+                        out.append(f"{name}/{rel}")
+        return sorted(out)
+
     def clear(self) -> None:
-        """Delete everything in the folder but its lease (held by the run that clears it), in an order that a kill
-        at any point leaves a folder the next command can still take: the data files first (a committed checkpoint
-        without its data is regenerated, see `settle_checkpoints`), the checkpoint after everything else, and
-        manifest.json last, so the folder is a Winnow run folder (and --overwrite can clear it) until it is empty."""
-        entries = self.entries()
+        """Delete what Winnow wrote in the folder but its lease (held by the run that clears it), in an order that a
+        kill at any point leaves a folder the next command can still take: the data files first (a committed
+        checkpoint without its data is regenerated, see `settle_checkpoints`), the checkpoint after everything else,
+        and manifest.json last, so the folder is a Winnow run folder (and --overwrite can clear it) until it is
+        empty. Nothing else is touched: `claim_problems` refuses --overwrite on a folder that holds anything else
+        (`foreign`), and an entry found here that Winnow did not write is left where it is."""
+        entries = [e for e in self.entries() if posixpath.basename(e.rstrip("/")) in OWNED
+                   or _ATOMIC_TMP.match(posixpath.basename(e.rstrip("/")))]
         names = {posixpath.basename(e.rstrip("/")): e for e in entries}
         first = [names[n] for n in ("candidates",) if n in names]
         last = [names[n] for n in ("_checkpoint", "manifest.json") if n in names]
         middle = [e for e in entries if e not in first and e not in last]
         for entry in first + middle + last:
-            self.fs.rm(entry, recursive=True)
+            inside = OWNED.get(posixpath.basename(entry.rstrip("/")))
+            if inside is None or not self.fs.isdir(entry):
+                self.fs.rm(entry, recursive=True)
+                continue
+            base = entry.rstrip("/")
+            theirs = [p for p in self.fs.find(base, withdirs=False) if not inside.match(p[len(base) + 1:])]
+            if not theirs:
+                self.fs.rm(entry, recursive=True)
+                continue
+            for p in self.fs.find(base, withdirs=False):
+                if inside.match(p[len(base) + 1:]):
+                    self.fs.rm_file(p)
         self.refresh()
 
     def _write_atomic(self, name: str, data: bytes) -> None:
@@ -383,6 +430,16 @@ def claim_problems(folder: RunFolder, config: JobConfig, overwrite: bool) -> tup
             return [
                 f"{where} is not empty and holds no manifest.json, so it is not a Winnow run folder; refusing to "
                 "clear it even with --overwrite; empty it yourself or choose another output.path"
+            ], "overwrite"
+        try:
+            foreign = folder.foreign()
+        except OSError as err:
+            return [f"{where}: cannot be read ({err})"], "overwrite"
+        if foreign:
+            shown = ", ".join(foreign[:8]) + (f" and {len(foreign) - 8} more" if len(foreign) > 8 else "")
+            return [
+                f"{where} holds what Winnow did not write: {shown}; --overwrite replaces only a run's own files "
+                "and deletes nothing else: move these out of the folder first, or choose another output.path"
             ], "overwrite"
         return [], "overwrite"
     if manifest is None:

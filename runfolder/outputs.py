@@ -2,6 +2,11 @@
 when they are or hold or sit inside an input or hold something (unless --overwrite), and written to a temporary
 sibling that is swapped into place at the end, so a failure leaves no half-written folder.
 
+A command replaces only what a Winnow command wrote: every output folder ends with its record, `OUTPUT_RECORD`
+(the command and every file it wrote), and --overwrite replaces a folder only when each file in it is in its
+record. A folder with anything else in it (a user's notes, a source tree with .git/, an output written before the
+record existed) is refused with what it holds named, even with --overwrite, and nothing is deleted.
+
 The order is what makes one writer at a time true: `check_out` first compares paths (an --out that is, holds or sits
 inside an input is refused before anything is written, its lease file included), then takes the folder's lease
 (`runfolder.lease.out_lease_path`, beside it), and only then looks at what the folder holds; the lease stays held
@@ -14,6 +19,7 @@ removed: only a lease holder creates them, so whoever holds the lease knows that
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import posixpath
 import re
@@ -31,6 +37,26 @@ from schemas.base import InputError
 from stores.filesystems import bucket_message, missing_bucket
 
 _HELD: dict[str, Lease] = {}  # --out leases taken by `check_out` in this process, by location_key
+OUTPUT_RECORD = ".winnow-output.json"  # in an output folder: {"command": ..., "files": [relative paths]}
+
+
+def foreign_files(fs, path: str) -> list[str]:
+    """The files under the output folder `path` that no Winnow command recorded writing (`OUTPUT_RECORD`), relative
+    to it: every file when the folder has no record (or one that does not parse)."""
+    files = sorted(p[len(path.rstrip("/")) + 1:] for p in fs.find(path, withdirs=False))
+    recorded: set[str] = set()
+    if OUTPUT_RECORD in files:
+        try:
+            with fs.open(posixpath.join(path, OUTPUT_RECORD), "rb") as f:
+                record = json.loads(f.read().decode("utf-8"))
+            recorded = {str(p) for p in record["files"]} | {OUTPUT_RECORD}
+        except (ValueError, UnicodeDecodeError, KeyError, TypeError):
+            recorded = set()
+    return [f for f in files if f not in recorded]
+
+
+def _named(paths: list[str], most: int = 8) -> str:
+    return ", ".join(paths[:most]) + (f" and {len(paths) - most} more" if len(paths) > most else "")
 
 
 def check_out(uri: str, overwrite: bool, inputs: Iterable[str] = (), command: str = "winnow") -> list[str]:
@@ -58,17 +84,31 @@ def check_out(uri: str, overwrite: bool, inputs: Iterable[str] = (), command: st
         if fs.isfile(path):
             raise InputError(f"{uri}: --out exists and is a file, not a folder")
         if fs.isdir(path) and fs.find(path):
-            if not overwrite:
-                raise InputError(f"{uri}: --out exists and is not empty; pass --overwrite to replace it")
             run = holds_run_folder(fs, path)
             if run is not None:
                 raise InputError(f"{shown} holds a Winnow run folder ({run}); refusing to replace it even with "
                                  "--overwrite; choose another output folder")
+            foreign = foreign_files(fs, path)
+            if foreign:
+                raise InputError(f"{uri}: --out holds files that no Winnow command wrote there ({_named(foreign)}); "
+                                 "a command replaces only a folder it wrote and deletes nothing else, even with "
+                                 "--overwrite: choose a new or empty --out, or move these files away")
+            if not overwrite:
+                raise InputError(f"{uri}: --out holds an earlier output ({_recorded_by(fs, path)}); pass "
+                                 "--overwrite to replace it, or choose another --out")
     except BaseException:
         lease.release()
         raise
     _HELD[key] = lease
     return notes
+
+
+def _recorded_by(fs, path: str) -> str:
+    try:
+        with fs.open(posixpath.join(path, OUTPUT_RECORD), "rb") as f:
+            return f"written by {json.loads(f.read().decode('utf-8'))['command']}"
+    except (OSError, ValueError, UnicodeDecodeError, KeyError, TypeError):
+        return "written by a Winnow command"
 
 
 def release_out(uri: str | None = None) -> None:
@@ -82,7 +122,8 @@ def release_out(uri: str | None = None) -> None:
 
 @contextlib.contextmanager
 def staged_out(uri: str, command: str) -> Iterator[tuple[fsspec.AbstractFileSystem, str]]:
-    """Yield (fs, temporary folder) beside ``uri``; on success put its files at ``uri``, replacing what is there.
+    """Yield (fs, temporary folder) beside ``uri``; on success record what was written there (`OUTPUT_RECORD`) and
+    put its files at ``uri``, replacing what is there (`check_out` has made sure that only a Winnow output is).
     `command` holds the folder's lease (`runfolder.lease.out_lease_path`) meanwhile: the one `check_out` took, else
     its own; either way it is given back at the end.
 
@@ -108,6 +149,9 @@ def staged_out(uri: str, command: str) -> Iterator[tuple[fsspec.AbstractFileSyst
         try:
             fs.makedirs(tmp, exist_ok=True)
             yield fs, tmp
+            files = sorted(p[len(tmp) + 1:] for p in fs.find(tmp, withdirs=False))
+            write_bytes(fs, posixpath.join(tmp, OUTPUT_RECORD),
+                        json.dumps({"command": command, "files": files}, indent=1).encode("utf-8"))
         except BaseException:
             if fs.exists(tmp):
                 fs.rm(tmp, recursive=True)

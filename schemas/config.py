@@ -340,10 +340,66 @@ register_union_tags([get_args(r.model_fields["kind"].annotation)[0] for r in get
 # Loading
 
 
+# The most values (scalars, items and keys, counted as often as aliases repeat them) one YAML document may expand
+# to. A job config has about a hundred; a "billion laughs" document of nine nested aliases expands a 1 KB file to
+# 10^9, which copying the config would build in memory. Counted on the parsed node graph, each node once.
+MAX_YAML_VALUES = 100_000
+
+
+class YamlTooLarge(ValueError):
+    """A YAML document whose aliases expand past MAX_YAML_VALUES values, or refer to themselves."""
+
+
+def expanded_values(root: yaml.Node) -> int:
+    """How many values the document of `root` holds once every alias is expanded: what constructing it and copying
+    it as plain data (JSON) builds. Time and memory are bounded by the node graph, not by the expansion; a node
+    that contains itself raises YamlTooLarge, and so does an expansion past MAX_YAML_VALUES."""
+    sizes: dict[int, int] = {}
+    open_: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:  # iterative post-order: a deeply nested document does not exhaust the call stack
+        node, children_done = stack.pop()
+        key = id(node)
+        if key in sizes:
+            continue
+        children = [n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode) else \
+            list(node.value) if isinstance(node, yaml.SequenceNode) else []
+        if not children_done:
+            if key in open_:
+                raise YamlTooLarge("an alias refers to a value that contains it (a recursive document)")
+            open_.add(key)
+            stack.append((node, True))
+            stack.extend((c, False) for c in children if id(c) not in sizes)
+            continue
+        for c in children:
+            if id(c) not in sizes:
+                raise YamlTooLarge("an alias refers to a value that contains it (a recursive document)")
+        sizes[key] = 1 + sum(sizes[id(c)] for c in children)
+        open_.discard(key)
+        if sizes[key] > MAX_YAML_VALUES:
+            raise YamlTooLarge(f"its aliases expand it to more than {MAX_YAML_VALUES:,} values (a job config holds a "
+                               "few hundred); write the values out, or anchor fewer nested levels")
+    return sizes[id(root)]
+
+
+def safe_yaml(text: str) -> Any:
+    """`yaml.safe_load` of one document, refused (YamlTooLarge) where its aliases would expand it past
+    MAX_YAML_VALUES values or into itself, before anything is built from it."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        expanded_values(node)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
 def _parse_scalar(text: str) -> Any:
     """A --set value is YAML, so `0.7`, `true`, `null` and `[a, b]` become numbers, booleans, None and lists."""
     try:
-        return yaml.safe_load(text)
+        return safe_yaml(text)
     except yaml.YAMLError:
         return text
 
@@ -371,7 +427,12 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
                 break
             node = nxt
         else:
-            node[parts[-1]] = _parse_scalar(value)
+            try:
+                node[parts[-1]] = _parse_scalar(value)
+            except YamlTooLarge as err:
+                problems.append(f"--set {key}: refused: {err}")
+            except RecursionError:
+                problems.append(f"--set {key}: refused: nested too deeply to parse")
     if problems:
         raise ConfigError(problems)
     return data
@@ -407,7 +468,11 @@ def read_yaml_mapping(path: str | Path, what: str = "config", kind: str = "job c
     if not path.is_file():
         raise ConfigError([f"{path}: {what} file not found"], str(path))
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = safe_yaml(path.read_text())
+    except YamlTooLarge as err:
+        raise ConfigError([f"{path}: refused: {err}"], str(path)) from None
+    except RecursionError:
+        raise ConfigError([f"{path}: refused: nested too deeply to parse"], str(path)) from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -197,11 +197,20 @@ def test_existing_out_refused_unless_overwrite(tmp_path, runs, capsys):
     assert main([*runs, "--out", str(out)]) == 2
     assert str(out) in capsys.readouterr().err
     assert sorted(os.listdir(out)) == ["keep.txt"]
-    assert main([*runs, "--out", str(out), "--overwrite"]) == 0
-    assert sorted(os.listdir(out)) == ["README.md", "data", "hf"]
+    # --overwrite replaces only what a winnow command wrote: a user's file is named and kept (issue 26)
+    assert main([*runs, "--out", str(out), "--overwrite"]) == 2
+    assert "keep.txt" in capsys.readouterr().err
+    assert sorted(os.listdir(out)) == ["keep.txt"]
     empty = tmp_path / "empty-out"
     empty.mkdir()
     assert main([*runs, "--out", str(empty)]) == 0
+    assert sorted(os.listdir(empty)) == [".winnow-output.json", "README.md", "data", "hf"]
+    assert main([*runs, "--out", str(empty)]) == 2  # its own earlier output: replaced only with --overwrite
+    assert "pass --overwrite to replace it" in capsys.readouterr().err
+    assert main([*runs, "--out", str(empty), "--overwrite"]) == 0
+    (empty / "hf" / "notes.txt").write_text("mine")  # a user's file inside the output
+    assert main([*runs, "--out", str(empty), "--overwrite"]) == 2
+    assert "hf/notes.txt" in capsys.readouterr().err and (empty / "hf" / "notes.txt").read_text() == "mine"
 
 
 def test_selection_that_keeps_nothing_is_bad_input(tmp_path, runs, capsys):

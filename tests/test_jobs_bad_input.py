@@ -325,3 +325,49 @@ def test_a_bad_line_of_a_remote_source_is_one_clear_line_without_ray_tracebacks(
     for noise in ("Traceback", "Exception occurred", "json.load", "ERROR", "File \""):
         assert noise not in text, text[-3000:]
     assert not (tmp_path / "run").exists()
+
+
+def test_overwrite_of_a_run_folder_holding_a_users_files_is_refused_and_deletes_nothing(tmp_path, capsys):
+    """Issue 26: `winnow generate --overwrite` on a finished run folder into which the user had put notes.txt and
+    analysis/ deleted both. It names them now and exits 2; not a byte of the folder changes."""
+    from runfolder.folder import RunFolder
+    from runfolder.manifest import new_manifest
+    from schemas.config import validate_config
+
+    old = tmp_path / "run"
+    RunFolder(str(old)).write_manifest(new_manifest(validate_config(job_config(tmp_path, seed=9)), prompts=4))
+    (old / "notes.txt").write_text("mine")
+    (old / "analysis").mkdir()
+    (old / "analysis" / "fig.png").write_bytes(b"png")
+    before = {p.relative_to(old): p.read_bytes() for p in old.rglob("*") if p.is_file()}
+    status, err = run(tmp_path, capsys, job_config(tmp_path), extra=["--overwrite"])
+    assert status == 2, err
+    assert "holds what Winnow did not write: analysis/, notes.txt" in err
+    assert {p.relative_to(old): p.read_bytes() for p in old.rglob("*") if p.is_file()} == before
+
+
+LAUGHS = ["&a [lol, lol, lol, lol, lol, lol, lol, lol, lol]"] + [
+    f"&{c} [{', '.join([f'*{p}'] * 9)}]" for p, c in zip("abcdefgh", "bcdefghi")]
+BILLION_LAUGHS = "name: x\n" + "".join(f"{v[1]}: {v}\n" for v in LAUGHS)
+
+
+@pytest.mark.parametrize("text, value, why", [
+    (BILLION_LAUGHS, "[" + ", ".join(LAUGHS) + "]", "its aliases expand it to more than 100,000 values"),
+    ("name: &x [1, *x]\n", "&x [1, *x]", "an alias refers to a value that contains it"),
+    ("name: " + "[" * 5000 + "]" * 5000 + "\n", "[" * 5000 + "]" * 5000, "nested too deeply to parse"),
+])
+def test_a_yaml_that_would_expand_without_bound_is_refused_at_once(tmp_path, text, value, why):
+    """Issue 26: nine levels of aliases in a 1 KB file passed the parser and were expanded when the config was
+    copied (11 GB in 90 s and growing). Refused now from the parsed node graph, for generate and validate alike;
+    the subprocesses' timeout is the bound on time (an expansion would take minutes and gigabytes)."""
+    from conftest import winnow
+
+    path = tmp_path / "job.yaml"
+    path.write_text(text)
+    assert len(text) < 20_000
+    for args in (["validate", "--schema-only", str(path)], ["generate", str(path)],
+                 ["validate", "--schema-only", "configs/quickstart.yaml", "--set", f"name={value}"]):
+        done = winnow(*args, timeout=60)
+        assert done.returncode == 2, done.stderr
+        assert why in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert not (tmp_path / "run").exists()

@@ -29,7 +29,7 @@ from runfolder.folder import (
 )
 from runfolder.lease import out_lease_path
 from runfolder.manifest import finish_manifest, new_manifest
-from runfolder.outputs import check_out, release_out, staged_out
+from runfolder.outputs import OUTPUT_RECORD, check_out, release_out, staged_out
 from schemas.config import validate_config
 from schemas.rows import empty_cost, error_row, rows_to_table
 
@@ -115,7 +115,7 @@ def test_out_is_claimed_under_its_lease_before_its_emptiness_is_decided(tmp_path
     assert f"pid {first.pid}" in second.stderr
     assert winnow("report", a, "--out", str(out)).returncode == 0  # free once the holder is gone (killed)
     again = winnow("report", a, "--out", str(out))
-    assert again.returncode == 2 and "--out exists and is not empty; pass --overwrite" in again.stderr
+    assert again.returncode == 2 and "--out holds an earlier output (written by winnow report); pass --overwrite" in again.stderr
     assert not Path(out_lease_path(str(out))).exists()
 
 
@@ -144,6 +144,7 @@ def test_leftovers_of_killed_out_writers_are_finished_or_removed(tmp_path):
     (tmp_path / f"out.old-{t2}" / "report.md").write_text("old")
     (tmp_path / f"out.tmp-{t2}").mkdir()
     (tmp_path / f"out.tmp-{t2}" / "report.md").write_text("new")
+    (tmp_path / f"out.tmp-{t2}" / OUTPUT_RECORD).write_text('{"command": "winnow report", "files": ["report.md"]}')
     (tmp_path / "outline.tmp-0123").mkdir()  # not ours: another name
     notes = check_out(str(out), overwrite=True, command="winnow report")
     release_out()
@@ -196,7 +197,7 @@ def test_an_object_store_swap_cut_mid_copy_is_copied_again(s3_endpoint):  # noqa
     check_out("s3://winnow-test/out", overwrite=True)
     release_out()
     fs.invalidate_cache()
-    assert sorted(p.rsplit("/", 1)[1] for p in fs.find("winnow-test")) == ["plot.png", "report.md"]
+    assert sorted(p.rsplit("/", 1)[1] for p in fs.find("winnow-test")) == [OUTPUT_RECORD, "plot.png", "report.md"]
     assert fs.cat_file("winnow-test/out/report.md") == b"new"
 
 

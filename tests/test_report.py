@@ -512,8 +512,14 @@ def test_existing_out_refused_unless_overwrite(tmp_path, capsys):
     (out / "old.md").write_text("old")
     assert main([good, "--out", str(out)]) == 2
     assert str(out) in capsys.readouterr().err and os.listdir(out) == ["old.md"]
-    assert main([good, "--out", str(out), "--overwrite"]) == 0
-    assert "old.md" not in os.listdir(out) and "report.md" in os.listdir(out)
+    # --overwrite replaces only what a winnow command wrote: a user's file is named and kept (issue 26)
+    assert main([good, "--out", str(out), "--overwrite"]) == 2
+    assert "old.md" in capsys.readouterr().err and os.listdir(out) == ["old.md"]
+    (out / "old.md").unlink()
+    assert main([good, "--out", str(out)]) == 0
+    assert main([good, "--out", str(out)]) == 2
+    assert "pass --overwrite to replace it" in capsys.readouterr().err
+    assert main([good, "--out", str(out), "--overwrite"]) == 0 and "report.md" in os.listdir(out)
 
 
 # ---------------------------------------------------------------------------------------------------------------

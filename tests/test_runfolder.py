@@ -180,9 +180,40 @@ def test_overwrite_clears_only_a_folder_whose_manifest_is_a_winnow_manifest(tmp_
             assert "pass --overwrite" not in problems[0]  # never recommended for a folder Winnow did not write
     assert (run / "notes.txt").read_text() == "mine"
     folder.write_manifest(new_manifest(config(tmp_path, seed=7), prompts=1))  # a Winnow run of another config
+    problems, _ = claim_problems(folder, cfg, overwrite=True)  # but the user's notes are still there
+    assert "holds what Winnow did not write: notes.txt" in problems[0]
+    (run / "notes.txt").unlink()
     assert claim_problems(folder, cfg, overwrite=True) == ([], "overwrite")
     problems, _ = claim_problems(folder, cfg, overwrite=False)
     assert "pass --overwrite to replace it" in problems[0]
+
+
+def test_overwrite_replaces_only_what_a_run_wrote(tmp_path):
+    """Issue 26: a finished run folder into which the user put notes and an analysis folder lost both to
+    --overwrite. Now --overwrite names what Winnow did not write and refuses; `clear` never deletes it."""
+    cfg = config(tmp_path)
+    folder = RunFolder(cfg.output.path)
+    run = tmp_path / "run"
+    folder.write_manifest(new_manifest(config(tmp_path, seed=7), prompts=1))
+    _write(folder, "w1_000000", ["a"], committed=True)
+    (run / "prompts").mkdir()
+    (run / "prompts" / "part-0.parquet").write_bytes(b"x")
+    (run / "prompts" / "_COMPLETE.json").write_text("{}")
+    assert folder.foreign() == []
+    assert claim_problems(folder, cfg, overwrite=True) == ([], "overwrite")
+    (run / "notes.txt").write_text("mine")
+    (run / "analysis").mkdir()
+    (run / "analysis" / "plot.png").write_bytes(b"png")
+    (run / "candidates" / "README").write_text("mine too")
+    (run / "manifest.json.bak").write_text("{}")
+    assert folder.foreign() == ["analysis/", "candidates/README", "manifest.json.bak", "notes.txt"]
+    problems, mode = claim_problems(folder, cfg, overwrite=True)
+    assert mode == "overwrite" and len(problems) == 1
+    assert "holds what Winnow did not write: analysis/, candidates/README, manifest.json.bak, notes.txt" in problems[0]
+    assert "deletes nothing else" in problems[0]
+    folder.clear()  # even when asked: only Winnow's own entries go
+    assert sorted(p.name for p in run.iterdir()) == ["analysis", "candidates", "manifest.json.bak", "notes.txt"]
+    assert (run / "notes.txt").read_text() == "mine" and (run / "candidates" / "README").exists()
 
 
 def _names(folder: RunFolder, sub: str) -> list[str]:
