@@ -4,9 +4,10 @@
    and so is one inside or around another run folder or the data source) and the data source as far as the driver
    reads it cheaply (`pipeline.prompts.check_source`). Nothing is written; every problem raises
    `schemas.base.InputError` (exit 2).
-2. `connect` to Ray, then `stage_prompts` unless a resumed folder already holds its prompt set: Ray tasks read,
-   normalise and write it beside the run folder (`pipeline.prompts.write_prompts`); a bad source exits 2 and the
-   staged files are removed. The run folder is still untouched.
+2. `connect` to Ray; `pipeline.cluster.check_room`: a node must hold one actor, or an autoscaler add one within
+   `resources.wait_for_nodes_s` (exit 2 otherwise); then `stage_prompts` unless a resumed folder already holds its
+   prompt set: Ray tasks read, normalise and write it beside the run folder (`pipeline.prompts.write_prompts`); a
+   bad source exits 2 and the staged files are removed. The run folder is still untouched.
 3. `execute`, under the folder's lease: remove what killed runs left (`runfolder.folder.clean_leftovers`), write
    manifest.json (status running) first into a new folder, move the prompt set into ``prompts/``, settle the
    checkpoint commits an earlier run left half done and move damaged data files aside
@@ -42,7 +43,14 @@ from ray.data.checkpoint import CheckpointConfig
 
 from pipeline.preflight import count_model, model_problems, resolved, working_dir_problems
 from pipeline.prompts import Source, check_source, source_location, write_prompts
-from pipeline.raydata import data_context, own_deprecations, quiet_ray_data, ray_init_options, short_error
+from pipeline.raydata import (
+    data_context,
+    native_noise_dropped,
+    own_deprecations,
+    quiet_ray_data,
+    ray_init_options,
+    short_error,
+)
 from runfolder.folder import (
     INFLIGHT,
     RunFolder,
@@ -191,7 +199,8 @@ def execute(plan: Plan, staged: StagedPrompts | None, log: Callable[[str], None]
 
     try:
         if not done:
-            run(config, folder)
+            with native_noise_dropped():
+                run(config, folder)
     except KeyboardInterrupt:
         return ended("interrupted", "interrupted")
     except Exception as err:  # a failed batch: the engine raised, an actor died (named with its node and batch), ...
@@ -253,13 +262,17 @@ def run(config: JobConfig, folder: RunFolder) -> None:
 
 
 def actor_pool(config: JobConfig) -> ray.data.ActorPoolStrategy:
-    """`resources.workers` actors; each runs two batches at once where their prompts feed one decoding loop
+    """`resources.workers` actors, or an elastic pool of `{min, max}`: Ray Data starts `min` actors and adds one
+    while every actor is busy (its upscaling threshold) and the cluster has room, which it reads again as nodes join,
+    and lets idle ones go. Either way the actors that fit run and the others wait for a node with room
+    (`pipeline.cluster`). Each actor runs two batches at once where their prompts feed one decoding loop
     (`workers.pool.loop`: the next batch's prompts take the places of rows that finish early), one otherwise."""
+    least, most = config.resources.pool
+    size = {"size": least} if least == most else {"min_size": least, "max_size": most}
     calls = config.concurrent_calls
     if calls == 1:
-        return ray.data.ActorPoolStrategy(size=config.resources.workers)
-    return ray.data.ActorPoolStrategy(size=config.resources.workers, max_concurrent_calls_per_actor=calls,
-                                      enable_true_multi_threading=True)
+        return ray.data.ActorPoolStrategy(**size)
+    return ray.data.ActorPoolStrategy(**size, max_concurrent_calls_per_actor=calls, enable_true_multi_threading=True)
 
 
 def connect() -> str:
@@ -270,6 +283,14 @@ def connect() -> str:
         quiet_ray_data()
         return "using the Ray instance already initialised in this process"
     address = os.environ.get("RAY_ADDRESS")
+    if "RAY_AUTH_MODE" not in os.environ and starts_local_ray():
+        # Ray 2.60 turns token authentication on for a Ray that ray.init starts, and warns that it did at every
+        # start unless RAY_AUTH_MODE says so. Turned on here as Ray does it (the variable, and Ray's cached config
+        # read again, which the processes it starts and this driver's client then agree on), without the warning;
+        # a mode the user set is kept (docs/cluster.md)
+        from ray._private.authentication.authentication_token_setup import _enable_token_auth
+
+        _enable_token_auth()
     ray.init(**ray_init_options())
     quiet_ray_data()
     resources = ray.cluster_resources()
@@ -279,6 +300,17 @@ def connect() -> str:
         return f"started a local Ray ({size})"
     where = f"RAY_ADDRESS={address}" if address else ray.get_runtime_context().gcs_address
     return f"joined the Ray cluster at {where} ({size})"
+
+
+def starts_local_ray() -> bool:
+    """Whether `ray.init()` here would start a Ray of its own rather than join one (RAY_ADDRESS, or a `ray start`
+    cluster on this machine), by Ray's own rule."""
+    from ray._private.services import canonicalize_bootstrap_address
+
+    try:
+        return canonicalize_bootstrap_address(None) is None
+    except (ConnectionError, ValueError):  # an address that does not answer: ray.init says so itself
+        return False
 
 
 class GenerateBatch:

@@ -41,6 +41,56 @@ def ray_init_options() -> dict:
     return {} if PROGRESS["on"] else {"logging_level": logging.WARNING}
 
 
+# Lines that Ray's C++ core writes to the driver's stderr and that say nothing a Winnow user can act on: at every
+# resumed run, Ray Data creates its checkpoint filter actor with the checkpointed ids in the object store and restarts
+# allowed, which the core worker reports as an error (Ray issue 53727: such an actor could not be restarted if its
+# arguments were lost; the run would then fail and resume). Dropped while quiet, and only these.
+_NATIVE_NOISE = (
+    re.compile(rb"core_worker\.cc:\d+: Actor with class name: 'MapWorker\(CheckpointFilter\)'.*max_restarts > 0"),
+)
+
+
+@contextlib.contextmanager
+def native_noise_dropped():
+    """While quiet, the driver's stderr (file descriptor 2, which Ray's C++ code writes to) goes through a filter
+    that drops `_NATIVE_NOISE` lines and passes every other byte on, in order. Use around work that starts no
+    process (the descriptor is restored at the end, and the filter's thread ends when the pipe closes)."""
+    if PROGRESS["on"]:
+        yield
+        return
+    import sys
+    import threading
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    read_end, write_end = os.pipe()
+    os.dup2(write_end, 2)
+    os.close(write_end)
+
+    def pump() -> None:
+        with os.fdopen(read_end, "rb", buffering=0) as src:
+            pending = b""
+            while chunk := src.read(65536):
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    if not any(p.search(line) for p in _NATIVE_NOISE):
+                        os.write(saved, line + b"\n")
+            if pending and not any(p.search(pending) for p in _NATIVE_NOISE):
+                os.write(saved, pending)
+
+    thread = threading.Thread(target=pump, name="winnow-stderr-filter", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)  # the pipe's last write end closes: the thread passes on what is left, then ends
+        thread.join(5)
+        if not thread.is_alive():  # else a process started meanwhile holds the pipe: the thread keeps `saved`
+            os.close(saved)
+
+
 class _DropTraces(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         return not any(line in record.getMessage() for line in _TRACE_LINES)

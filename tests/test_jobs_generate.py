@@ -63,7 +63,8 @@ def test_quickstart_on_two_local_workers(tmp_path):
     # quiet by default: no Ray Data progress or INFO lines, no model-loading bars, no deprecation warnings, and
     # the driver says it started its own Ray
     assert "winnow generate: started a local Ray (" in first.stdout
-    for noise in ("INFO", "Loading weights", "RayDeprecationWarning", "Running Dataset", "joined the Ray cluster"):
+    for noise in ("INFO", "Loading weights", "RayDeprecationWarning", "Running Dataset", "joined the Ray cluster",
+                  "Token authentication"):
         assert noise not in first.stdout + first.stderr, noise
 
     files = sorted(p.name for p in (run / "candidates").iterdir())
@@ -146,6 +147,10 @@ def test_sigkill_then_resume_writes_each_prompt_exactly_once(tmp_path):
     second = winnow("generate", str(cfg))
     assert second.returncode == 0, second.stderr[-3000:]
     assert "resuming 'test'" in second.stdout
+    # issue 26: a resume printed Ray's core_worker.cc error about Ray Data's checkpoint filter actor
+    # (pipeline.raydata.native_noise_dropped), and every run Ray's token-authentication warning
+    for noise in ("core_worker.cc", "CheckpointFilter", "Token authentication", "Traceback"):
+        assert noise not in second.stdout + second.stderr, second.stderr[-3000:]
     ids = [r["prompt_id"] for r in rows_of(run)]
     assert collections.Counter(ids) == collections.Counter(d["id"] for d in DEMO)  # every prompt exactly once
     m = manifest_of(run)
@@ -170,3 +175,25 @@ def test_a_write_cut_short_is_rolled_back_and_redone(ray_session, tmp_path):
     assert sorted(ids) == sorted(d["id"] for d in DEMO[:4])  # ...and its prompts written again, once
     assert set(victim_ids) <= set(ids)
     assert not list((run / "_checkpoint").glob("*.pending.parquet"))
+
+
+def test_only_rays_known_noise_is_dropped_from_the_drivers_stderr(capfd):
+    """`native_noise_dropped` passes every byte written to file descriptor 2 on, in order, but the one line of
+    Ray's C++ core it knows (pipeline.raydata._NATIVE_NOISE); with --progress it filters nothing."""
+    from pipeline import raydata
+
+    noise = (b"[2026-11-27 12:15:27,687 E 32599 32599] core_worker.cc:2465: Actor with class name: "
+             b"'MapWorker(CheckpointFilter)' and ID: 'b9cb' has constructor arguments in the object store and "
+             b"max_restarts > 0. If the arguments go out of scope the actor restart will fail.\n")
+    other = b"[2026-11-27 12:15:28,000 E 1 1] core_worker.cc:100: something else went wrong\n"
+    raydata.set_progress(False)
+    with raydata.native_noise_dropped():
+        os.write(2, b"first " + b"x" * 70000 + b"\n" + noise + other + b"no newline at the end")
+    assert capfd.readouterr().err == "first " + "x" * 70000 + "\n" + other.decode() + "no newline at the end"
+    raydata.set_progress(True)
+    try:
+        with raydata.native_noise_dropped():
+            os.write(2, noise)
+        assert capfd.readouterr().err == noise.decode()
+    finally:
+        raydata.set_progress(False)
