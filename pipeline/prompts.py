@@ -36,7 +36,7 @@ import assets
 from pipeline.raydata import data_context, short_error
 from schemas.base import InputError
 from schemas.config import DataConfig, JobConfig
-from schemas.rows import MESSAGE, prompt_problem
+from schemas.rows import MESSAGE, prompt_problem, shown_value, well_formed
 from stores.filesystems import bucket_message, filesystem, missing_bucket
 
 # Ray Data warns when an operator capped at N tasks at once gets fewer than N blocks (a small source, read as one
@@ -547,31 +547,36 @@ def column_problems(schema: pa.Schema, config: JobConfig, spec: str) -> list[str
 # Row normalisation (pure functions: testable without Ray)
 
 
-def prompt_hash(messages: list[dict]) -> str:
-    """A stable id for a prompt: sha256 of its messages as canonical JSON, 16 hex digits."""
-    blob = json.dumps(messages, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+def prompt_hash(messages) -> str:
+    """A stable id for a prompt: sha256 of its messages (or of the value that could not be read as messages) as
+    canonical JSON, 16 hex digits."""
+    blob = json.dumps(messages, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def normalise_prompt(value) -> tuple[list[dict], str | None]:
-    """A prompt value as chat messages (a plain string becomes one user turn), and why it cannot run (or None)."""
+    """A prompt value as chat messages (a plain string becomes one user turn), and why it cannot run (or None).
+    Messages that fit the `prompt` column are kept even when they cannot run (an unknown role, blank content), so
+    that the error row shows them; otherwise the error quotes the value that was wrong."""
     if value is None:
         return [], "prompt is null"
     if isinstance(value, str):
         value = [{"role": "user", "content": value}]
     elif not isinstance(value, (list, tuple)):
-        return [], f"prompt is a {type(value).__name__}; expected a string or a list of {{role, content}} messages"
+        return [], (f"prompt is a {type(value).__name__} ({shown_value(value)}); expected a string or a list of "
+                    "{role, content} messages")
     problem = prompt_problem(value)
-    if problem is not None and not problem.startswith("empty prompt"):
+    if not well_formed(value):
         return [], problem
     return [{"role": m["role"], "content": m["content"]} for m in value], problem
 
 
 def normalise_row(row: dict, data: DataConfig, concepts_column: str | None) -> dict:
     """One source row as a normalised row (without `source_row`; `assign_unique_ids` adds it)."""
-    messages, error = normalise_prompt(row.get(data.prompt_column))
-    if data.id_column is None:
-        pid = prompt_hash(messages)
+    value = row.get(data.prompt_column)
+    messages, error = normalise_prompt(value)
+    if data.id_column is None:  # a prompt that could not be read as messages is named by its value
+        pid = prompt_hash(messages if messages or value is None else value)
     else:
         raw = row.get(data.id_column)
         pid = None if raw is None else str(raw)

@@ -122,7 +122,8 @@ class RecipeConfig(Strict):
     out: str = Field(description="The recipe's folder (local): prompts, runs, SFT sets, models and recipe.json.")
     rounds: int = Field(1, ge=0, le=100, description="Rounds of generate, build-sft, fine-tune and evaluate per "
                         "source. Raise it to continue a finished recipe: its rounds are reused.")
-    seed: int = Field(0, ge=0, description="Seed of every run and of training.")
+    seed: int = Field(0, ge=0, le=2**32 - 1,
+                      description="Seed of every run and of training (below 2^32: training seeds numpy with it).")
     model: str = Field(description="Round 0's model: a Hugging Face folder, s3:// prefix or builtin:NAME.")
     reward: Reward = Field(description="How candidates are scored (models.reward of every run).")
     prompts: PromptsConfig = Field(default_factory=PromptsConfig)

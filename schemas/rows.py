@@ -14,17 +14,38 @@ import pyarrow as pa
 MESSAGE = pa.struct([("role", pa.string()), ("content", pa.string())])
 
 
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")  # the roles chat templates render
+
+
+def shown_value(value, most: int = 120) -> str:
+    """A value as an error message quotes it: its repr, cut to `most` characters."""
+    text = repr(value)
+    return text if len(text) <= most else text[: most - 3] + "..."
+
+
 def prompt_problem(messages) -> str | None:
     """Why a prompt (a list of chat messages) cannot run, or None: the one rule, applied when the driver normalises
-    the source (`pipeline.prompts`) and again by the workers on what they are handed (`workers.actor.runner`)."""
+    the source (`pipeline.prompts`) and again by the workers on what they are handed (`workers.actor.runner`). A
+    message must be a {role, content} pair of strings, its role one that chat templates render (`CHAT_ROLES`:
+    another is not an error of the template, which would render it or drop it without a word)."""
     if not isinstance(messages, (list, tuple)) or not messages:
         return "empty prompt: no messages"
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-            return f"prompt message {i} is not a {{role, content}} pair of strings"
+            return f"prompt message {i} is not a {{role, content}} pair of strings: {shown_value(m)}"
+    for i, m in enumerate(messages):
+        if m["role"] not in CHAT_ROLES:
+            return f"prompt message {i} has role {m['role']!r}; chat roles are {', '.join(CHAT_ROLES)}"
     if not any(m["content"].strip() for m in messages):
         return "empty prompt: every message is blank"
     return None
+
+
+def well_formed(messages) -> bool:
+    """Whether `messages` fit the `prompt` column (a list of {role, content} pairs of strings), whatever else is
+    wrong with them: then an error row keeps them."""
+    return isinstance(messages, (list, tuple)) and all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in messages)
 
 CANDIDATE = pa.struct(
     [

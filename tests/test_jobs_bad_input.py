@@ -371,3 +371,11 @@ def test_a_yaml_that_would_expand_without_bound_is_refused_at_once(tmp_path, tex
         assert done.returncode == 2, done.stderr
         assert why in done.stderr and "Traceback" not in done.stderr, done.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_a_seed_the_run_cannot_use_exits_2_before_anything_is_written(tmp_path, capsys):
+    """Issue 26: a seed of 2^70 was accepted, then failed with OverflowError after the run folder was made."""
+    status, err = run(tmp_path, capsys, job_config(tmp_path, seed=2**70))
+    assert_clean(tmp_path, status, err, "seed: Input should be less than or equal to 9223372036854775807")
+    status, err = run(tmp_path, capsys, job_config(tmp_path, seed=2**32, models={"engine": "vllm"}))
+    assert_clean(tmp_path, status, err, "seed: 4294967296 is above 4294967295 (2^32 - 1), the largest seed vLLM takes")

@@ -129,7 +129,8 @@ def test_an_engine_failure_fails_the_job_loudly(tmp_path):
     env = {"PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
     proc = winnow("generate", str(cfg), env=env)
     assert proc.returncode == 1, proc.stderr[-3000:]
-    assert "winnow generate: the job failed: RuntimeError: reward service unavailable" in proc.stderr
+    assert ("winnow generate: the job failed: RuntimeError: models.reward.function: conftest:exploding_reward raised "
+            "RuntimeError: reward service unavailable (at ") in proc.stderr, proc.stderr[-3000:]
     m = manifest_of(tmp_path / "run")
     assert m["status"] == "failed" and "reward service unavailable" in m["error"] and m["finished_at"]
 

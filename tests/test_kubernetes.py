@@ -470,7 +470,7 @@ def test_the_image_installs_cis_torch_before_winnow_from_the_copied_code():
     installs = _pip_installs()
     torches = [(pos, Requirement(v)) for pos, kind, v in installs if kind == "req" and Requirement(v).name == "torch"]
     assert torches, "the image never installs torch itself: Winnow's torch>=2.4 would take whatever is newest"
-    ci = set(re.findall(r"pip install torch==(\d+(?:\.\d+)*)", (ROOT / "README.md").read_text()))
+    ci = set(re.findall(r"pip install '?torch==(\d+(?:\.\d+)*)", (ROOT / "README.md").read_text()))
     assert len(ci) == 1, f"the README's install lines (what CI runs) should name one torch, found {sorted(ci)}"
     for _, req in torches:
         assert str(req.specifier) == f"=={next(iter(ci))}", f"the image installs {req}, CI tests torch=={ci}"

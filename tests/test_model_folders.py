@@ -169,3 +169,63 @@ def test_the_actor_turns_off_cudnn_attention_on_a_gpu_and_leaves_the_cpu_alone(m
     assert loading.pick_device(0).type == "cpu" and calls == []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert loading.pick_device(1).type == "cuda" and calls == [False]
+
+
+def _copy(tmp_path, asset: str, name: str, **config) -> str:
+    """A copy of a bundled model folder with config.json values replaced."""
+    import shutil
+
+    dest = tmp_path / name
+    shutil.copytree(builtin_path(asset), dest)
+    cfg = json.loads((dest / "config.json").read_text())
+    (dest / "config.json").write_text(json.dumps({**cfg, **config}))
+    return str(dest)
+
+
+@pytest.mark.parametrize("values, needle", [
+    ({"num_attention_heads": 5}, "the model cannot be built from it"),
+    ({"hidden_act": "swishy"}, "the model cannot be built from it"),
+    ({"num_key_value_heads": 3}, "num_attention_heads (4) is not a multiple of num_key_value_heads (3)"),
+])
+def test_a_config_json_the_model_cannot_be_built_or_run_with_exits_2_before_any_model_loads(tmp_path, capsys, values,
+                                                                                            needle):
+    """Issue 26: such a folder failed on the actor with 30-55 lines of traceback after the run folder was made."""
+    target = _copy(tmp_path, "tiny-target", "target", **values)
+    cfg = write_config(tmp_path / "job.yaml", job_config(tmp_path, models={"target": target}))
+    assert generate.main([str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert f"models.target: {target}/config.json: " in err and needle in err and "Traceback" not in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_draft_with_another_tokenizer_or_vocabulary_exits_2_naming_the_draft(tmp_path, capsys):
+    """Issue 26: a draft whose tokenizer is not the target's failed with `IndexError: index out of range in self`."""
+    import shutil
+
+    other_tok = _copy(tmp_path, "tiny-draft", "draft-tok")
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(builtin_path("tiny-reward") / f, other_tok)
+    other_vocab = _copy(tmp_path, "tiny-draft", "draft-vocab", vocab_size=600)
+    for draft, needle in ((other_tok, "has a tokenizer other than the target's (445 tokens against 506"),
+                          (other_vocab, "has a vocabulary of 600 (config.json vocab_size) where the target has 506")):
+        for section in ({"method": {"name": "speculative_decoding"}}, {"generation": {"sampler": "speculative"}}):
+            cfg = write_config(tmp_path / "job.yaml", job_config(tmp_path, models={"draft": draft}, **section))
+            assert generate.main([str(cfg)]) == 2
+            err = capsys.readouterr().err
+            assert f"models.draft: {draft} {needle}" in err, err
+    # a config that does not use the draft is not refused for it
+    cfg = validate_config(job_config(tmp_path, models={"draft": other_tok}))
+    assert model_problems(cfg) == []
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_vllm_engine_without_vllm_installed_exits_2_naming_the_field(tmp_path, capsys, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    cfg = write_config(tmp_path / "job.yaml", job_config(tmp_path, models={"engine": "vllm"}))
+    assert generate.main([str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert "models.engine: 'vllm' needs vLLM, which is not installed here" in err
+    assert not (tmp_path / "run").exists()

@@ -58,11 +58,26 @@ def test_chat_messages_are_kept_and_extra_fields_dropped():
     ("  \n ", "empty prompt: every message is blank"),
     ([], "empty prompt: no messages"),
     ([{"role": "user", "content": " "}], "empty prompt: every message is blank"),
-    ([{"role": "user"}], "prompt message 0 is not a {role, content} pair of strings"),
-    (42, "prompt is a int; expected a string or a list of {role, content} messages"),
+    ([{"role": "user"}], "prompt message 0 is not a {role, content} pair of strings: {'role': 'user'}"),
+    (42, "prompt is a int (42); expected a string or a list of {role, content} messages"),
+    ([{"role": "wizard", "content": "cast it"}],
+     "prompt message 0 has role 'wizard'; chat roles are system, developer, user, assistant, tool"),
 ])
 def test_prompts_that_cannot_run_say_why(value, why):
     assert normalise_prompt(value)[1] == why
+
+
+def test_an_error_row_keeps_the_prompt_that_was_wrong():
+    """Issue 26: error rows stored `prompt: []`, losing the value that was wrong. Messages that fit the column are
+    kept; a value that does not is quoted in the error, and names the prompt when ids are hashed."""
+    wizard = [{"role": "wizard", "content": "cast it"}]
+    assert normalise_prompt(wizard)[0] == wizard
+    assert normalise_prompt([{"role": "user", "content": " "}])[0] == [{"role": "user", "content": " "}]
+    assert normalise_prompt([{"role": "user", "content": 3}]) == (
+        [], "prompt message 0 is not a {role, content} pair of strings: {'role': 'user', 'content': 3}")
+    data = DataConfig(source="x.jsonl")
+    ids = {normalise_row({"prompt": v}, data, None)["prompt_id"] for v in (42, 43, [{"role": "user"}])}
+    assert len(ids) == 3  # not one id for every bad prompt
 
 
 def test_prompt_hash_is_stable_and_content_addressed():

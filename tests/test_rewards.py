@@ -57,6 +57,32 @@ def test_python_reward_imports_and_checks_its_function():
         PythonScorer("winnow_test_reward:missing")
 
 
+def _boom(prompts, texts):
+    raise KeyError("no such rubric")
+
+
+@pytest.mark.parametrize("fn, needle", [
+    (_boom, "models.reward.function: winnow_test_reward2:f raised KeyError: 'no such rubric' (at "),
+    (lambda prompts, texts: 0.5, "returned float 0.5; it must return a list of 2 floats"),
+    (lambda prompts, texts: "0.5 0.7", "returned str '0.5 0.7'; it must return a list of 2 floats"),
+    (lambda prompts, texts: {"a": 1.0, "b": 2.0}, "returned dict"),
+    (lambda prompts, texts: [1.0, "high"], "returned 'high' (a str) at index 1; it must return floats"),
+    (lambda prompts, texts: [1.0, None], "returned None (a NoneType) at index 1"),
+    (lambda prompts, texts: [1.0, [2.0]], "returned [2.0] (a list) at index 1"),
+])
+def test_a_python_reward_that_raises_or_returns_the_wrong_type_is_named(fn, needle):
+    """Issue 26: a python reward's failure names the function (the first line of the failed batch's error)."""
+    mod = types.ModuleType("winnow_test_reward2")
+    mod.f = fn
+    sys.modules["winnow_test_reward2"] = mod
+    with pytest.raises(RuntimeError) as err:
+        PythonScorer("winnow_test_reward2:f")([_item("a"), _item("b")], Meter(1))
+    assert str(err.value).startswith("models.reward.function: winnow_test_reward2:f ") and needle in str(err.value)
+    assert err.value.__cause__ is None  # one cause: the first exception line a failed batch shows is this one
+    mod.f = lambda prompts, texts: [True, 2]  # booleans and ints are numbers
+    assert PythonScorer("winnow_test_reward2:f")([_item("a"), _item("b")], Meter(1)) == [1.0, 2.0]
+
+
 def test_model_reward_renders_with_its_own_template_and_batches():
     from tests.trio_helpers import config
     from workers.actor.runner import Runner

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import math
+import traceback
 from typing import Callable, Hashable, Sequence
 
 import torch
@@ -91,14 +92,34 @@ class PythonScorer:
         self.path = path
 
     def __call__(self, items: list[Scored], meter: Meter) -> list[float]:
-        values = self.fn([it.prompt for it in items], [it.text for it in items])
+        where = f"models.reward.function: {self.path}"
+        try:
+            values = self.fn([it.prompt for it in items], [it.text for it in items])
+        except Exception as err:  # the user's code: its failure is named as the reward's, with its own message
+            frame = traceback.extract_tb(err.__traceback__)[-1]
+            raise RuntimeError(f"{where} raised {type(err).__name__}: {err} (at {frame.filename}:{frame.lineno})"
+                               ) from None  # one cause, the reward's: the first line Ray's failure shows
         if inspect.isawaitable(values):
-            raise RuntimeError(f"reward function {self.path} returned an awaitable: it is asynchronous; the reward "
-                               "calls it synchronously, so wrap it: def f(prompts, texts): return asyncio.run(g(...))")
+            raise RuntimeError(f"{where} returned an awaitable: it is asynchronous; the reward calls it "
+                               "synchronously, so wrap it: def f(prompts, texts): return asyncio.run(g(...))")
+        shown = repr(values)
+        shown = shown if len(shown) <= 80 else shown[:77] + "..."
+        if isinstance(values, (str, bytes, dict)) or not hasattr(values, "__iter__"):
+            raise RuntimeError(f"{where} returned {type(values).__name__} {shown}; it must return a list of "
+                               f"{len(items)} floats, one per text")
         values = list(values)
         if len(values) != len(items):
-            raise RuntimeError(f"reward function {self.path} returned {len(values)} values for {len(items)} texts")
-        out = [float(v) for v in values]
+            raise RuntimeError(f"{where} returned {len(values)} values for {len(items)} texts")
+        out = []
+        for i, v in enumerate(values):
+            if isinstance(v, (str, bytes)) or v is None:
+                raise RuntimeError(f"{where} returned {v!r} (a {type(v).__name__}) at index {i}; it must return "
+                                   "floats")
+            try:
+                out.append(float(v))
+            except (TypeError, ValueError):
+                raise RuntimeError(f"{where} returned {v!r} (a {type(v).__name__}) at index {i}; it must return "
+                                   "floats") from None
         if not all(math.isfinite(v) for v in out):
-            raise RuntimeError(f"reward function {self.path} returned a non-finite value")
+            raise RuntimeError(f"{where} returned a non-finite value (nan or inf)")
         return out
