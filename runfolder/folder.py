@@ -508,6 +508,12 @@ class Tally:
     generated_tokens: int = 0  # stats.generated_tokens summed: tokens the candidates generated (not prefill, reward)
     candidates: int = 0  # candidates started, over rows
     rejected: int = 0  # candidates whose finish_reason is "rejected" (stopped by a Speculative Rejection cut)
+    decoding_steps: float = 0.0  # stats.decoding_steps summed: the decoding steps the run's actors took
+    sequence_steps: int = 0  # stats.sequence_steps summed
+
+    def mean_width(self) -> float | None:
+        """Sequences per decoding step, over the run's steps (None without steps)."""
+        return self.sequence_steps / self.decoding_steps if self.decoding_steps > 0 else None
 
     def mean_best_reward(self) -> float | None:
         return sum(self.best_rewards) / len(self.best_rewards) if self.best_rewards else None
@@ -690,6 +696,8 @@ def tally(folder: RunFolder) -> Tally:
         for s in table.column("stats").to_pylist():
             t.reward_inputs_truncated += (s or {}).get("reward_inputs_truncated") or 0  # null: no reward model
             t.generated_tokens += (s or {}).get("generated_tokens") or 0
+            t.decoding_steps += (s or {}).get("decoding_steps") or 0.0
+            t.sequence_steps += (s or {}).get("sequence_steps") or 0
         if "candidates" in table.column_names:  # only the finish_reason of each candidate is read, not its text
             flat = pc.list_flatten(table.column("candidates"))
             t.candidates += len(flat)

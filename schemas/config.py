@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args
 
 import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
 from schemas.base import ConfigError, Strict, describe_validation_error, register_union_tags
 from schemas.methods import METHOD_NAMES, Method, methods_that
@@ -165,24 +165,40 @@ class ModelsConfig(Strict):
     )
     kv_cache_mb: float | None = Field(
         None, gt=0,
-        description="The KV-cache space of an actor's candidate pool, in MiB: on engine 'vllm' the engine's KV "
-        "cache; on 'hf' the most the pool's sequences may hold at their peak (its prompts start as it has room). "
-        "Null: on 'vllm' vLLM's own sizing on GPU (gpu_memory_utilization) and 1024 MiB on CPU; on 'hf' 80% of the "
-        "device's free memory (the host's available memory on CPU). Speculative Rejection's memory schedule gives "
-        "each prompt a share of it (method.memory_candidates).",
+        description="The actor's KV space, in MiB: what its running sequences may hold (on engine 'vllm' the "
+        "engine's KV cache; on 'hf' the most the sequences may hold at their peak, logits included). A prompt "
+        "starts when what the running prompts hold now (their running candidates at full length, or a Speculative "
+        "Rejection prompt's own KV space) leaves room for it. Null: on 'vllm' vLLM's own sizing on GPU "
+        "(gpu_memory_utilization) and 1024 MiB on CPU; on 'hf' 80% of the device's free memory (the host's "
+        "available memory on CPU).",
     )
     vllm_kv_cache_mb: float | None = Field(
         None, gt=0, description="The name models.kv_cache_mb had before it applied to both engines; the same.",
     )
+    max_num_seqs: int | None = Field(
+        None, ge=1,
+        description="The actor's width: most sequences (candidates) one decoding step runs, on both engines "
+        "(vLLM's max_num_seqs on 'vllm'). Waiting prompts start, in order, as cuts and finished candidates free "
+        "places (and KV space, models.kv_cache_mb), so the device decodes at its width while prompts wait. At least "
+        "method.n: a prompt's candidates start together. Null: the larger of 256 and method.n.",
+    )
+    vllm_max_num_seqs: int | None = Field(
+        None, ge=1, description="The name models.max_num_seqs had when it applied to engine 'vllm' only; the same.",
+    )
 
     @property
     def kv_space_mb(self) -> float | None:
-        """The pool's KV space in MiB, whichever of its two names set it (None: the engine's default)."""
+        """The actor's KV space in MiB, whichever of its two names set it (None: the engine's default)."""
         return self.kv_cache_mb if self.kv_cache_mb is not None else self.vllm_kv_cache_mb
-    vllm_max_num_seqs: int = Field(
-        256, ge=1,
-        description="Engine 'vllm': most requests (candidates) decoded in one engine step; at least method.n.",
-    )
+
+    def width(self, n: int) -> int:
+        """Most sequences a decoding step runs (models.max_num_seqs, or its old name), for a method that starts `n`
+        sequences per prompt: the larger of DEFAULT_WIDTH and n when neither is set."""
+        set_ = self.max_num_seqs if self.max_num_seqs is not None else self.vllm_max_num_seqs
+        return set_ if set_ is not None else max(DEFAULT_WIDTH, n)
+
+
+DEFAULT_WIDTH = 256  # sequences per decoding step when models.max_num_seqs is null (vLLM's own default)
 
 
 class GenerationConfig(Strict):
@@ -202,14 +218,48 @@ class OutputConfig(Strict):
     path: str = Field(description="Run folder: a local folder or s3://bucket/prefix.")
 
 
+class WorkersRange(Strict):
+    min: int = Field(ge=1, description="Actors the pool starts with and keeps.")
+    max: int = Field(ge=1, description="Most actors the pool grows to.")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "WorkersRange":
+        if self.max < self.min:
+            raise ValueError(f"{_CROSS_MARK}resources.workers.max: {self.max} is below resources.workers.min "
+                             f"({self.min})")
+        return self
+
+
+def _workers_variant(value: Any) -> str:
+    return "workers-range" if isinstance(value, (dict, WorkersRange)) else "workers-count"
+
+
+# `resources.workers`: a number of actors, or a {min, max} range; the variant's tag is hidden from error messages
+Workers = Annotated[
+    Union[Annotated[int, Field(ge=1), Tag("workers-count")], Annotated[WorkersRange, Tag("workers-range")]],
+    Discriminator(_workers_variant),
+]
+
+
 class ResourcesConfig(Strict):
-    workers: int = Field(1, ge=1, description="Ray actors, each holding one draft/target/reward trio.")
+    workers: Workers = Field(
+        1, description="Ray actors, each holding one draft/target/reward trio: a number (>= 1), or {min, max} for an "
+        "elastic pool that starts min actors and grows to max while every actor is busy and the cluster has room (a "
+        "node that joins mid-run gets actors and work). Either way the actors that fit run at once and the others "
+        "start as nodes with room join (docs/cluster.md).",
+    )
     gpus_per_worker: float = Field(0, ge=0, description="GPUs per actor; 0 runs on CPU. An actor on a GPU "
                                    "turns off PyTorch's cuDNN attention in its process (it builds a plan at every "
                                    "decoding step; docs/benchmarks.md).")
     cpus_per_worker: float = Field(1, gt=0, description="CPUs reserved per actor; on CPU also its torch threads "
                                    "(the same on every worker, so the same rows).")
-    prompts_per_batch: int = Field(4, ge=1, description="Prompts decoded together in one actor call.")
+    prompts_per_batch: int = Field(
+        64, ge=1,
+        description="Prompts of one actor call (a Ray Data batch): they queue in the actor's decoding loop and start "
+        "as the width (models.max_num_seqs) and KV space free, so a call should hold more prompts than run at once; "
+        "a call's rows are written (and committed) together when its last prompt ends. (Its default was 4 before "
+        "this version; a run folder started under it resumes: the setting times the work, it does not change it.)",
+    )
     feed_calls: bool = Field(
         False,
         description="Continuous batching across actor calls: an actor takes two calls at once and the next call's "
@@ -224,15 +274,35 @@ class ResourcesConfig(Strict):
         0, ge=0,
         description="Times Ray Data retries a failed batch before the job fails (engine crashes fail loudly).",
     )
+    wait_for_nodes_s: float = Field(
+        600, ge=0,
+        description="When no node of the cluster can hold one actor (cpus_per_worker, gpus_per_worker) but an "
+        "autoscaler may add one: how long the job waits for it, before anything is written, then exits 2. Without "
+        "an autoscaler such a job exits 2 at once (docs/cluster.md).",
+    )
+
+    @property
+    def pool(self) -> tuple[int, int]:
+        """The actor pool's least and most actors: `workers` for both, or its range."""
+        w = self.workers
+        return (w, w) if isinstance(w, int) else (w.min, w.max)
 
 
 class CostConfig(Strict):
     usd_per_device_hour: float = Field(2.0, ge=0, description="Price of one device (GPU, or CPU worker) per hour.")
 
 
+SEED_MAX = 2**63 - 1  # the seed enters 64-bit integer arithmetic (workers.decoding.sampling)
+NUMPY_SEED_MAX = 2**32 - 1  # numpy's seeds are 32-bit: vLLM and transformers' set_seed seed it with the job's
+
+
 class JobConfig(Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="Run name (letters, digits, _ . -).")
-    seed: int = Field(0, ge=0, description="Seeds every sample; the same seed gives the same outputs.")
+    seed: int = Field(
+        0, ge=0, le=SEED_MAX,
+        description="Seeds every sample; the same seed gives the same outputs. At most 2^63 - 1 (Winnow's counter-based "
+        "sampler works in 64-bit integers), and below 2^32 where vLLM runs (it seeds numpy).",
+    )
     data: DataConfig
     models: ModelsConfig
     method: Method
@@ -260,6 +330,11 @@ class JobConfig(Strict):
             problems.append("models.reward.kv_cache_mb: the reward engine's KV cache applies to models.reward.engine "
                             "'vllm' only")
         engine = self.models.engine
+        vllm_fields = [f for f, on in (("models.engine", engine == "vllm"),
+                                       ("models.reward.engine", getattr(reward, "engine", "hf") == "vllm")) if on]
+        if vllm_fields and self.seed > NUMPY_SEED_MAX:
+            problems.append(f"seed: {self.seed} is above {NUMPY_SEED_MAX} (2^32 - 1), the largest seed vLLM takes "
+                            f"({' and '.join(vllm_fields)}: 'vllm'); use a smaller seed")
         if engine not in method.engines:
             runs = ", ".join(sorted(methods_that(lambda c: engine in c.engines)))
             problems.append(f"models.engine: {engine!r} runs {runs}, not method {m!r}; use engine 'hf'")
@@ -267,10 +342,16 @@ class JobConfig(Strict):
             if why:
                 problems.append(f"models.engine: 'vllm' samples with the target alone; {why} needs the draft "
                                 "(engine 'hf'), or set generation.sampler: target")
-            n = method.candidates()
-            if n > self.models.vllm_max_num_seqs:
-                problems.append(f"models.vllm_max_num_seqs: {self.models.vllm_max_num_seqs} is fewer than method.n "
-                                f"({n}); a prompt's candidates decode together")
+        n = method.candidates()
+        width = self.models.width(n)
+        if method.pool and width < n:
+            name = "max_num_seqs" if self.models.max_num_seqs is not None else "vllm_max_num_seqs"
+            problems.append(f"models.{name}: {width} is fewer than method.n ({n}); a prompt's candidates decode "
+                            "together")
+        ms, old_ms = self.models.max_num_seqs, self.models.vllm_max_num_seqs
+        if ms is not None and old_ms is not None and ms != old_ms:
+            problems.append(f"models.vllm_max_num_seqs: {old_ms} differs from models.max_num_seqs ({ms}); it is the "
+                            "old name of the same setting: keep max_num_seqs")
         if problems:
             raise ValueError(_CROSS_MARK + "\n".join(problems))
         return self
@@ -304,6 +385,13 @@ class JobConfig(Strict):
         release (`LATE_FIELDS`) are left out of the hashed dump while they hold their default, so a config that
         does not use them hashes as it did before they existed (existing run folders are matched by hash)."""
         dump = self.model_dump(mode="json")
+        for path, (now, before) in CHANGED_DEFAULTS.items():
+            *parents, leaf = path.split(".")
+            node = dump
+            for p in parents:
+                node = node.get(p) if isinstance(node, dict) else None
+            if isinstance(node, dict) and node.get(leaf) == now:
+                node[leaf] = before
         for path, default in LATE_FIELDS.items():
             *parents, leaf = path.split(".")
             node = dump
@@ -326,13 +414,26 @@ LATE_FIELDS: dict[str, Any] = {
     "resources.feed_calls": lambda: False,
     "method.memory_candidates": lambda: None,
     "models.vllm_max_num_seqs": lambda: 256,
+    "models.max_num_seqs": lambda: None,
     "models.reward.engine": lambda: "hf",
     "models.reward.kv_cache_mb": lambda: None,
+    "resources.wait_for_nodes_s": lambda: 600,
+}
+
+
+# Defaults changed after the first release, by dotted path: (new default, old default). `JobConfig.hash` hashes a
+# field that holds its new default as if it held the old one, so a config that leaves it unset keeps the hash (and
+# the run folders) it had. Only settings that decide how the work is batched, not what it is, are changed this way:
+# a config that sets the old value hashes the same, and resumes the same run.
+CHANGED_DEFAULTS: dict[str, tuple[Any, Any]] = {
+    "resources.prompts_per_batch": (64, 4),
+    "models.vllm_max_num_seqs": (None, 256),  # the width's old name, null now that max_num_seqs holds the default
 }
 
 
 _CROSS_MARK = "@@cross@@"
 register_union_tags(METHOD_NAMES)
+register_union_tags(["workers-count", "workers-range"])
 register_union_tags([get_args(r.model_fields["kind"].annotation)[0] for r in get_args(get_args(Reward)[0])])
 
 

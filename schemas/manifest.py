@@ -61,6 +61,14 @@ class Manifest(BaseModel):
         None, description="method speculative_rejection only: true when it rejected no candidate at all (the run was "
         "Best-of-N at Speculative Rejection's price)"
     )
+    decoding_steps: float = Field(
+        0.0, description="the decoding steps the run's actors took (stats.decoding_steps summed): what a device bills "
+        "when a step costs about the same at any width; 0 for methods that are not candidate pools"
+    )
+    mean_width: float | None = Field(
+        None, description="sequences per decoding step over the run (stats.sequence_steps / stats.decoding_steps, "
+        "summed over rows); null without steps"
+    )
     errors: int = Field(0, description="rows whose `error` is not null")
     cost: CostTotals = Field(default_factory=CostTotals)
     reward_inputs_truncated: int = Field(

@@ -91,7 +91,14 @@ STATS_FIELDS: dict[str, tuple[pa.DataType, str]] = {
         pa.int64(), "reward inputs (prompt and response in the reward model's template) longer than the reward "
         "model's context, scored on their last tokens, over every scoring round; null unless the reward is a model"
     ),
-    "memory_budget_bytes": (pa.int64(), "KV budget of the memory schedule in bytes, null for other schedules/methods"),
+    "kv_space_bytes": (pa.int64(), "the prompt's KV space under Speculative Rejection's memory schedule, in bytes "
+                       "(method.memory_candidates of its candidates at full length); null for other schedules and "
+                       "methods (before this version: memory_budget_bytes)"),
+    "decoding_steps": (pa.float64(), "the prompt's share of its actor's decoding steps: at each step it ran in, its "
+                       "running candidates over the step's width (summed over a run's rows: the steps its actors "
+                       "took); null for methods that are not candidate pools"),
+    "sequence_steps": (pa.int64(), "steps of the prompt's candidates, summed (sequence_steps / decoding_steps over a "
+                       "run is the actors' mean width); null for methods that are not candidate pools"),
 }
 STATS = pa.struct([(name, t) for name, (t, _) in STATS_FIELDS.items()])
 

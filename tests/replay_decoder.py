@@ -15,14 +15,16 @@ from workers.pool.decoder import Key, Seq
 class ReplayDecoder:
     """`streams[(prompt_id, cand)]`: the whole token list of each candidate (its EOS or its limit included). A
     started candidate holds its first token (as the hf engine's prefill samples it); each step adds the next; a
-    candidate ends when its stream does. `space`: the pool's KV space, of `bytes_per_token` a token. Counts one
+    candidate ends when its stream does. `space`: the pool's KV space, of `bytes_per_token` a token; `width`: most
+sequences a step runs. Counts one
     target forward per prompt and step, and its prompt's tokens at the start and a token per running sequence and
     step."""
 
     def __init__(self, n: int, streams: dict[tuple[str, int], list[int]], meter, bytes_per_token: int = 1,
-                 space: int | None = None):
+                 space: int | None = None, width: int = 2**62):
         self.n, self.streams, self.meter = n, streams, meter
         self.kv_bytes_per_token, self.space = bytes_per_token, space
+        self.width, self.joins = width, True
         self.prompts: dict[int, PromptInput] = {}
         self.live: dict[Key, list[int]] = {}
         self.done: list[Seq] = []
@@ -31,8 +33,9 @@ class ReplayDecoder:
     def stream(self, key: Key) -> list[int]:
         return self.streams[(self.prompts[key[0]].prompt_id, key[1])]
 
-    def admit(self, waiting: Sequence[PromptInput]) -> int:
-        return len(waiting)
+    def need(self, prompt: PromptInput, rows: int, kv_tokens: int | None = None) -> int:
+        tokens = len(prompt.ids) + rows * prompt.limit
+        return (tokens if kv_tokens is None else min(tokens, kv_tokens)) * self.kv_bytes_per_token
 
     def start(self, groups: list[int], prompts: list[PromptInput]) -> None:
         self.prompts.update(zip(groups, prompts))

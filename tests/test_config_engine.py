@@ -6,7 +6,7 @@ import copy
 import pytest
 
 from schemas.base import ConfigError
-from schemas.config import LATE_FIELDS, load_config, validate_config
+from schemas.config import CHANGED_DEFAULTS, LATE_FIELDS, load_config, validate_config
 
 FIXED = {
     "name": "hashcheck", "seed": 3,
@@ -57,12 +57,38 @@ def test_kv_cache_mb_is_one_space_for_both_engines_under_either_name():
 
 
 def test_late_fields_name_real_fields_and_their_defaults():
+    """Each late field is a real field whose default (as hashed: a default changed since, CHANGED_DEFAULTS, hashes
+    as the one before) is the one LATE_FIELDS gives."""
     dump = validate_config(FIXED).model_dump(mode="json")
     for path, default in LATE_FIELDS.items():
         node = dump
         for part in path.split("."):
             node = node[part]
-        assert node == default(), path
+        now, before = CHANGED_DEFAULTS.get(path, (node, node))
+        assert node == now and before == default(), path
+
+
+def test_a_changed_default_hashes_as_the_old_one_whether_set_or_left_out():
+    """resources.prompts_per_batch's default went from 4 to 64 (calls deep enough to keep the width full): a
+    config that leaves it out keeps its hash, and so does one that sets either value; another value changes it."""
+    for ppb in (4, 64):
+        cfg = copy.deepcopy(FIXED)
+        cfg["resources"] = {"prompts_per_batch": ppb}
+        assert validate_config(cfg).hash() == "5227cd85704df4ad"
+    cfg["resources"] = {"prompts_per_batch": 8}
+    assert validate_config(cfg).hash() != "5227cd85704df4ad"
+
+
+@pytest.mark.parametrize("engine", ["hf", "vllm"])
+def test_a_width_below_n_is_refused_on_both_engines(engine):
+    for name in ("max_num_seqs", "vllm_max_num_seqs"):
+        cfg = _vllm(method={"name": "best_of_n", "n": 300})
+        cfg["models"].update(engine=engine, **{name: 256})
+        with pytest.raises(ConfigError) as err:
+            validate_config(cfg)
+        assert f"models.{name}: 256 is fewer than method.n (300)" in str(err.value)
+        cfg["models"].pop(name)
+        assert validate_config(cfg).models.width(300) == 300  # the default width grows with n
 
 
 def _vllm(**over) -> dict:
@@ -87,7 +113,6 @@ def test_engine_vllm_takes_the_candidate_pool_and_single_response_methods(method
      "not method 'speculative_decoding'"),
     ({"generation": {"sampler": "speculative"}, "models": {"draft": "builtin:tiny-draft"}},
      "models.engine: 'vllm' samples with the target alone; generation.sampler 'speculative' needs the draft"),
-    ({"method": {"name": "best_of_n", "n": 300}}, "models.vllm_max_num_seqs: 256 is fewer than method.n (300)"),
 ])
 def test_engine_vllm_refusals_name_the_field(over, says):
     cfg = _vllm(**{k: v for k, v in over.items() if k != "models"})

@@ -177,7 +177,7 @@ def test_memory_schedule_decides_when_a_prompts_cache_would_pass_its_space(items
     decided = []
     for p, res in zip(prompts, results):
         space = (len(p.ids) + memory_candidates * p.limit) * kv
-        assert res.stats["memory_budget_bytes"] == space
+        assert res.stats["kv_space_bytes"] == space
 
         def held(t: int) -> int:  # the cache after the next token, when the responses are t tokens long
             running = [c for c in res.candidates if len(c.tokens) > t or (len(c.tokens) == t and c.partial_rewards
@@ -313,18 +313,18 @@ def test_host_memory_falls_back_to_sysconf_without_proc_meminfo(monkeypatch):
 def test_the_memory_schedule_records_its_budget_and_runs_on_cpu_without_one(items):
     from schemas.rows import STATS_FIELDS
 
-    assert "memory_budget_bytes" in STATS_FIELDS
+    assert "kv_space_bytes" in STATS_FIELDS
     gen = {"max_new_tokens": 8}
     kv = model_kv_bytes(trio().engine.target)
     # a pool's space smaller than a prompt's (4 candidates, 1 at full length: about 30 x 2 KiB) bounds it
     prompts, capped, _ = run_trio({"name": "speculative_rejection", "n": 4, "memory_budget_mb": 0.02}, items[:2], gen)
-    assert [r.stats["memory_budget_bytes"] for r in capped] == [int(0.02 * 2**20)] * 2
+    assert [r.stats["kv_space_bytes"] for r in capped] == [int(0.02 * 2**20)] * 2
     assert all((len(p.ids) + 8) * kv > 0.02 * 2**20 for p in prompts)
     prompts, minimal, _ = run_trio({"name": "speculative_rejection", "n": 4}, items[:2], gen)  # nothing configured
     for p, r in zip(prompts, minimal):
-        assert r.stats["memory_budget_bytes"] == (len(p.ids) + 1 * 8) * kv and r.best_index is not None
+        assert r.stats["kv_space_bytes"] == (len(p.ids) + 1 * 8) * kv and r.best_index is not None
     _, fixed, _ = run_trio({"name": "speculative_rejection", "n": 4, "schedule": "fixed"}, items[:2], gen)
-    assert all("memory_budget_bytes" not in r.stats for r in fixed)  # null in the output row
+    assert all("kv_space_bytes" not in r.stats for r in fixed)  # null in the output row
 
 
 def test_unknown_context_length_warns_once_and_skips_only_that_check(monkeypatch, caplog):

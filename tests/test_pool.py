@@ -75,7 +75,7 @@ def test_memory_schedule_decides_when_a_prompts_kv_would_pass_its_space_and_wait
     pool = Pool(scripted_context(meter), ReplayDecoder(6, streams, meter), 6, 0.5, schedule)
     (res,) = decode(pool, [prompt(0)])
     assert res.stats["decision_tokens"] == [10]  # once, not at every step after: the round rejected nobody
-    assert res.stats["memory_budget_bytes"] == 67 and all(c.finish_reason == "length" for c in res.candidates)
+    assert res.stats["kv_space_bytes"] == 67 and all(c.finish_reason == "length" for c in res.candidates)
 
 
 def test_memory_schedule_spaces_are_per_prompt_and_the_pool_space_bounds_how_many_run():
@@ -84,7 +84,7 @@ def test_memory_schedule_spaces_are_per_prompt_and_the_pool_space_bounds_how_man
     def run(prompts, pool_space):
         meter = Meter(len(prompts))
         decoder = ReplayDecoder(6, STREAMS, meter)
-        pool = Pool(scripted_context(meter), decoder, 6, 0.5, MemorySchedule(2, 1, pool_space))
+        pool = Pool(scripted_context(meter), decoder, 6, 0.5, MemorySchedule(2, 1, pool_space), space=pool_space)
         starts = []
         start = decoder.start
         decoder.start = lambda groups, ps: (starts.append(list(groups)), start(groups, ps))

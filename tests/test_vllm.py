@@ -230,7 +230,7 @@ def test_memory_schedule_gives_each_prompt_a_space_and_the_engines_cache_bounds_
     items = demo_items(4)
     rows = r.run(items)
     for row, (_, p) in zip(rows, r.prepare(items)[0]):
-        assert row["stats"]["memory_budget_bytes"] == (len(p.ids) + 1 * 32) * kv
+        assert row["stats"]["kv_space_bytes"] == (len(p.ids) + 1 * 32) * kv
     assert sum(row["stats"]["rejection_rounds"] for row in rows) >= 2
     assert sum(c["finish_reason"] == "rejected" for row in rows for c in row["candidates"]) >= 4
 

@@ -5,6 +5,11 @@ A batched forward serves several prompts at once; it counts as one forward call 
 in it, and each prompt is charged the real (unmasked) tokens of its own sequences. Device seconds of a batch are
 shared among its prompts in proportion to the target tokens they caused, so they sum to the batch's device time.
 
+A decoding step of a candidate pool (`count_step`) is what a device bills when a step costs about the same at any
+width (a GPU at these model sizes): each prompt is charged its share of the step, its running sequences over the
+step's width, so the shares of a loop's prompts sum to its steps; and its sequence-steps (its running sequences).
+Steps over sequence-steps is the loop's mean width.
+
 A meter also serves a decoding loop that prompts join and leave over an actor's life (`workers.pool.loop`): prompts are
 numbered on, `grow` adds room for the next ones and `retire` forgets the oldest once they are done, so the meter
 holds only a window of prompt numbers (`base` is the first). There each stretch of work is charged as it ends
@@ -28,6 +33,8 @@ class Meter:
         self.tokens = {r: torch.zeros(num_prompts, dtype=torch.long) for r in ROLES}
         self.forwards = {r: torch.zeros(num_prompts, dtype=torch.long) for r in ROLES}
         self.reward_inputs_truncated = torch.zeros(num_prompts, dtype=torch.long)
+        self.steps = torch.zeros(num_prompts, dtype=torch.float64)  # each prompt's share of the decoding steps
+        self.seq_steps = torch.zeros(num_prompts, dtype=torch.long)  # its sequences' steps
         self.started = time.perf_counter()
         self.seconds: torch.Tensor | None = None  # [num_prompts] float64 once `tick` charges time
         self._charged: torch.Tensor | None = None  # tokens of every role at the last tick
@@ -61,6 +68,16 @@ class Meter:
         if self._charged is not None:
             self._charged[i] += tokens
 
+    def count_step(self, groups: torch.Tensor, running: torch.Tensor) -> None:
+        """One decoding step of prompts `groups` [P] with `running` [P] sequences each: each is charged running /
+        width of the step (width = the step's sequences) and its sequences' steps."""
+        width = int(running.sum())
+        if not width:
+            return
+        g, running = self._index(groups, running)
+        self.steps.index_add_(0, g, running.double() / width)
+        self.seq_steps.index_add_(0, g, running.long())
+
     def count_truncated(self, group: torch.Tensor) -> None:
         """Reward inputs of prompts `group` [B] (one entry per input) that were cut to the reward model's context."""
         self.reward_inputs_truncated += torch.bincount(self._index(group)[0], minlength=self.num_prompts)
@@ -79,6 +96,8 @@ class Meter:
                 d[r] = torch.cat([d[r], d[r].new_zeros(extra)])
         self.reward_inputs_truncated = torch.cat([self.reward_inputs_truncated,
                                                   self.reward_inputs_truncated.new_zeros(extra)])
+        self.steps = torch.cat([self.steps, self.steps.new_zeros(extra)])
+        self.seq_steps = torch.cat([self.seq_steps, self.seq_steps.new_zeros(extra)])
         if self.seconds is not None:
             self.seconds = torch.cat([self.seconds, self.seconds.new_zeros(extra)])
             self._charged = torch.cat([self._charged, self._charged.new_zeros(extra)])
@@ -93,6 +112,7 @@ class Meter:
             for r in ROLES:
                 d[r] = d[r][drop:].clone()
         self.reward_inputs_truncated = self.reward_inputs_truncated[drop:].clone()
+        self.steps, self.seq_steps = self.steps[drop:].clone(), self.seq_steps[drop:].clone()
         if self.seconds is not None:
             self.seconds = self.seconds[drop:].clone()
             self._charged = self._charged[drop:].clone()
@@ -118,6 +138,17 @@ class Meter:
         quality measures, waiting for prompts)."""
         self.tick()
         self.started = time.perf_counter()
+
+    def step_stats(self, groups: list[int] | None = None) -> list[dict]:
+        """Each prompt's (or prompts `groups`', absolute numbers) decoding steps as its row's stats: its share of
+        the steps (`decoding_steps`) and its sequence-steps (`sequence_steps`); empty for a prompt of no step (a
+        method that is not a candidate pool)."""
+        out = []
+        for g in range(self.base, self.base + self.num_prompts) if groups is None else groups:
+            i = g - self.base
+            seq = int(self.seq_steps[i])
+            out.append({"decoding_steps": float(self.steps[i]), "sequence_steps": seq} if seq else {})
+        return out
 
     # -- the rows' cost struct ------------------------------------------------------------------------------------
     def per_prompt(self, devices: float = 1.0, groups: list[int] | None = None, wall: float | None = None

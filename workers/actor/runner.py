@@ -214,7 +214,7 @@ class Runner:
             "best_text": cand.text if cand else None,
             "best_reward": cand.reward if cand else None,
             "cost": o.cost,
-            "stats": {"prompt_tokens": len(p.ids), **res.stats,
+            "stats": {"prompt_tokens": len(p.ids), **res.stats, **o.steps,
                       **({"reward_inputs_truncated": o.truncated} if with_truncated else {})},
             "error": None,
         }

@@ -105,13 +105,14 @@ class HfEngine:
         mb = self.config.models.kv_space_mb
         return int(mb * 2**20) if mb is not None else int(free_memory_bytes(self.device) * MEMORY_FRACTION)
 
-    def memory_need(self, prompt: PromptInput, params, reward=None) -> int:
-        """Bytes one prompt's sequences may take at their peak (`batch_memory_need`) under a method's parameters;
-        with `reward`'s caches that a session keeps between decisions (Speculative Rejection's)."""
-        rows = params.candidates()
+    def sequences_need(self, prompt: PromptInput, rows: int, params, reward=None, kv_tokens: int | None = None) -> int:
+        """Bytes `rows` running sequences of a prompt may take at their peak (`batch_memory_need`) under a method's
+        parameters, their KV cache within `kv_tokens` tokens when given (a Speculative Rejection prompt's KV space:
+        the responses then share what is left after the prompt); with `reward`'s caches that a session keeps
+        between decisions (Speculative Rejection's)."""
         new = prompt.limit
-        if not params.kv_grows():  # the memory schedule bounds the responses to its prompt's space
-            new = min(new, -(-params.kv_space_candidates() * prompt.limit // rows) + 1)
+        if kv_tokens is not None:
+            new = min(new, -(-max(0, kv_tokens - len(prompt.ids)) // rows) + 1)
         # the target sampler shares a prompt's cache across its candidates where that is exact
         shared = self.draft is None and params.pool and worth_sharing(len(prompt.ids), rows, self.kv_bytes_per_token) \
             and shares_exactly(self.target)
@@ -120,6 +121,12 @@ class HfEngine:
             # the reward session keeps each running candidate's reward-model cache from one decision to the next
             need += rows * storage_columns(len(prompt.ids) + new) * reward.kv_bytes_per_token
         return need
+
+    def memory_need(self, prompt: PromptInput, params, reward=None) -> int:
+        """Bytes one prompt's sequences may take at their peak, all its candidates running (`sequences_need`):
+        with the memory schedule, within the prompt's KV space."""
+        kv_tokens = None if params.kv_grows() else len(prompt.ids) + params.kv_space_candidates() * prompt.limit
+        return self.sequences_need(prompt, params.candidates(), params, reward, kv_tokens)
 
     def memory_groups(self, prompts: list[PromptInput], params, reward=None, budget: int | None = None
                       ) -> list[list[int]]:
@@ -161,9 +168,10 @@ class HfEngine:
 
     def decoder(self, ctx: Context, params, reward=None) -> "HfDecoder":
         """A candidate pool's decoder for a method's parameters, on this engine's models, with the memory budget
-        read now."""
-        budget = self.budget()
-        return HfDecoder(ctx, params.candidates(), lambda p: self.memory_need(p, params, reward), budget, budget)
+        read now as its KV space and models.max_num_seqs as its width."""
+        return HfDecoder(ctx, params.candidates(),
+                         lambda p, rows, kv_tokens: self.sequences_need(p, rows, params, reward, kv_tokens),
+                         self.budget(), self.config.models.width(params.candidates()))
 
     def synchronize(self) -> None:
         if self.device.type == "cuda":
@@ -174,16 +182,18 @@ class HfDecoder:
     """A candidate pool's sequences (n candidates per prompt) in one `Batch` on the hf engine
     (`workers.pool.decoder.Decoder`), sampled by `ctx.sampling`'s sampler.
 
-    Prompts start as long as the memory their sequences may take at their peak (`need(prompt)`, bytes) fits in
-    `budget` beside the running prompts (each charged its need x its running candidates / n; a prompt always
-    starts when nothing runs; without `need`, every prompt starts at once). The target sampler lets prompts join
-    the batch while it decodes (`Batch.extend`); the speculative sampler's prompts start together, as many as fit,
-    and the next ones once the batch is empty."""
+    What a prompt's running sequences may take is `need(prompt, rows, kv_tokens)` bytes (`HfEngine.sequences_need`;
+    without it, their KV cache at full length and their logits); the pool starts prompts while the running ones'
+    fit in `space` and their sequences in `width`. The target sampler lets prompts join the batch while it decodes
+    (`Batch.extend`); the speculative sampler's prompts start together, as many as fit, and the next ones once the
+    batch is empty (`joins`)."""
 
-    def __init__(self, ctx: Context, n: int, need: Callable[[PromptInput], int] | None = None, budget: int = 0,
-                 space: int | None = None):
-        """`space`: the pool's KV space in bytes (None: the device's free memory, read when asked)."""
-        self.ctx, self.n, self.need, self.budget, self.space = ctx, n, need, budget, space
+    def __init__(self, ctx: Context, n: int, need: Callable[[PromptInput, int, int | None], int] | None = None,
+                 space: int | None = None, width: int | None = None):
+        """`space`: the pool's KV space in bytes (None: the device's free memory, read when asked); `width`: most
+        sequences a step runs (None: no bound beyond the space)."""
+        self.ctx, self.n, self._need, self.space = ctx, n, need, space
+        self.width = width if width is not None else 2**62
         self.device = next(ctx.target.parameters()).device
         if ctx.sampling.sampler == "speculative":
             if ctx.draft is None:
@@ -192,32 +202,21 @@ class HfDecoder:
                                               ctx.warp, ctx.seed, ctx.meter)
         else:
             self.sampler = TargetSampler(ctx.target, ctx.pad_id, ctx.eos_ids, ctx.warp, ctx.seed, ctx.meter)
+        self.joins = self.sampler.admits
         self.kv_bytes_per_token = self.sampler.kv_bytes_per_column
+        self.vocab = ctx.target.get_output_embeddings().weight.shape[0]
         self.batch: Batch | None = None
         self.prompts: dict[int, PromptInput] = {}  # by group, while its sequences may run
 
     def _running(self) -> bool:
         return self.batch is not None and bool(self.batch.alive.any())
 
-    def admit(self, waiting: Sequence[PromptInput]) -> int:
-        running = self._running()
-        if running and not self.sampler.admits:
-            return 0
-        if self.need is None:
-            return 0 if running else len(waiting)
-        used = 0.0
-        if running:
-            b = self.batch
-            groups, counts = torch.unique(b.group[b.alive], return_counts=True)
-            used = sum(self.need(self.prompts[g]) * r / self.n for g, r in zip(groups.tolist(), counts.tolist()))
-        take = 0
-        for p in waiting:
-            need = self.need(p)
-            if (used or take) and used + need > self.budget:
-                break
-            take += 1
-            used += need
-        return take
+    def need(self, prompt: PromptInput, rows: int, kv_tokens: int | None = None) -> int:
+        if self._need is not None:
+            return self._need(prompt, rows, kv_tokens)
+        tokens = len(prompt.ids) + rows * prompt.limit
+        kv = tokens if kv_tokens is None else min(tokens, kv_tokens)
+        return batch_memory_need(rows, 0, 0, self.kv_bytes_per_token, self.vocab) + kv * self.kv_bytes_per_token
 
     def start(self, groups: list[int], prompts: list[PromptInput]) -> None:
         new = self.sampler.prefill([p.ids for p in prompts], self.n, [p.key for p in prompts],

@@ -10,9 +10,9 @@ candidates do not depend on what it was batched with, and index i of a prompt eq
 so its tokens stop at the decision token and its KV blocks are freed. The engine core runs in this process
 (VLLM_ENABLE_V1_MULTIPROCESSING=0): a core in its own process runs ahead of the decisions.
 
-The pool itself (schedules, scoring, the cut, results, cost) is `workers.pool`, the same as on the hf engine; the
-reward is scored with transformers as on hf. What vLLM adds is bookkeeping: request ids, outputs, aborts, and the
-engine's KV blocks for the memory schedule.
+The pool itself (admission, schedules, scoring, the cut, results, cost) is `workers.pool`, the same as on the hf
+engine; the reward is scored where models.reward.engine says. What vLLM adds is bookkeeping: request ids, outputs,
+aborts, and the engine's KV blocks, which bound what the pool starts.
 
 Cost counters (docs/vllm.md): a step counts one forward for every prompt with requests in it, and each of its
 requests one token (its prompt's tokens too at its first step); when a request's output comes (every step for a
@@ -128,7 +128,7 @@ class VllmEngine:
         kw = dict(
             model=str(self.path), tokenizer=str(self.path), dtype=str(self.dtype).removeprefix("torch."),
             seed=self.config.seed, trust_remote_code=m.trust_remote_code, enable_prefix_caching=True,
-            max_num_seqs=m.vllm_max_num_seqs, disable_log_stats=False,
+            max_num_seqs=m.width(self.config.method.candidates()), disable_log_stats=False,
         )
         if self.context is not None:
             kw["max_model_len"] = self.context
@@ -177,7 +177,7 @@ class VllmEngine:
 
     def check(self, prompts: list[PromptInput], params, reward=None) -> None:
         """Nothing to check before a call: a prompt's candidates fit in one step by validation (method.n <=
-        models.vllm_max_num_seqs), and vLLM schedules what its KV cache holds."""
+        models.max_num_seqs), and the pool starts no more than the KV cache holds."""
 
     def decoder(self, ctx: Context, params, reward=None) -> "VllmDecoder":
         return VllmDecoder(self, ctx, params)
@@ -198,6 +198,7 @@ class VllmDecoder:
         self.kv_bytes_per_token = engine.kv_bytes_per_token
         self.pool_id = next(engine.pools)
         self.n = params.candidates()
+        self.width, self.joins = engine.max_num_seqs, True
         self.sampling = ctx.sampling
         self.stream = params.decides()  # a pool that decides reads its running tokens at every step
         self.prompts: dict[int, PromptInput] = {}
@@ -213,15 +214,15 @@ class VllmDecoder:
         return f"{self.pool_id}:{key[0]}:{key[1]}"
 
     # -- sequences -----------------------------------------------------------------------------------------------
-    def admit(self, waiting: Sequence[PromptInput]) -> int:
-        """As many prompts as the engine has request slots for all their candidates (at least one)."""
-        active, take = len(self.requests), 0
-        for _ in waiting:
-            if (active or take) and active + self.n > self.engine.max_num_seqs:
-                break
-            take += 1
-            active += self.n
-        return take
+    def need(self, prompt: PromptInput, rows: int, kv_tokens: int | None = None) -> int:
+        """KV bytes of `rows` requests of a prompt at full length (within `kv_tokens`), in vLLM's blocks: the
+        prompt's blocks are shared through the prefix cache, and each request may leave its last block part
+        empty, so the pool's admission never asks vLLM for more blocks than it has (a request vLLM preempted for
+        room would fall behind its prompt's other candidates, and decisions depend on their lengths)."""
+        tokens = len(prompt.ids) + rows * prompt.limit
+        if kv_tokens is not None:
+            tokens = min(tokens, kv_tokens)
+        return (tokens + rows * self.engine.block_size) * self.kv_bytes_per_token
 
     def params(self, prompt: PromptInput, index: int):
         """The request of candidate `index` of `prompt`."""

@@ -33,10 +33,13 @@ class Seq(NamedTuple):
 
 class Decoder(Protocol):
     kv_bytes_per_token: int  # KV-cache bytes of one token of one sequence (of every model that keeps a cache)
+    width: int  # most sequences one step runs (models.max_num_seqs)
+    joins: bool  # whether prompts may start while other prompts' sequences run
 
-    def admit(self, waiting: Sequence[PromptInput]) -> int:
-        """How many of the waiting prompts (in order) may start now: as many as the room left holds, and at least
-        one when nothing runs."""
+    def need(self, prompt: PromptInput, rows: int, kv_tokens: int | None = None) -> int:
+        """The most bytes `rows` running sequences of `prompt` may take on this engine (their KV cache, and what
+        else the engine holds per sequence), their KV cache bounded by `kv_tokens` tokens when given (a
+        Speculative Rejection prompt's KV space): what the pool's admission counts (`workers.pool.pool`)."""
 
     def start(self, groups: list[int], prompts: list[PromptInput]) -> None:
         """Start n candidates of each prompt, numbered `groups` (consecutive). A candidate may end at its first
@@ -59,7 +62,8 @@ class Decoder(Protocol):
         """Stop running sequences (rejected ones): they generate nothing more and their KV cache is freed."""
 
     def kv_space(self) -> int | None:
-        """KV-cache bytes this pool is given (None where they cannot be read)."""
+        """The bytes this pool's running sequences may take in all (`need` summed), its KV space (None where it
+        cannot be read)."""
 
     def stats(self, group: int) -> dict:
         """The sampler's own measures of a prompt (acceptance of the speculative sampler), or {}."""

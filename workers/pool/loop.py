@@ -38,12 +38,14 @@ from workers.pool.pool import Pool
 
 @dataclass
 class Outcome:
-    """What a call gets back per prompt: the method's result, its cost struct, and how many of its reward inputs were
-    cut to the reward model's context."""
+    """What a call gets back per prompt: the method's result, its cost struct, how many of its reward inputs were
+    cut to the reward model's context, and its share of the decoding steps (`Meter.step_stats`; empty for a method
+    that is not a candidate pool)."""
 
     result: MethodResult
     cost: dict
     truncated: int
+    steps: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -151,8 +153,9 @@ class Loop:
         pool, meter = self.pool, self.meter
         pool.decoder.synchronize()
         costs = meter.per_prompt(self.devices, call.groups, time.perf_counter() - call.started)
-        for g, cost in zip(call.groups, costs):
-            call.outcomes[g] = Outcome(pool.result(g), cost, int(meter.reward_inputs_truncated[g - meter.base]))
+        for g, cost, steps in zip(call.groups, costs, meter.step_stats(call.groups)):
+            call.outcomes[g] = Outcome(pool.result(g), cost, int(meter.reward_inputs_truncated[g - meter.base]),
+                                       steps)
             pool.forget(g)
         meter.pause()  # decoding the results' texts is nobody's
         self.calls.remove(call)

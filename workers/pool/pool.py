@@ -17,14 +17,17 @@ the tokens generated since the last one, not every response whole. Rejected sequ
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Sequence
 
+import torch
+
 from workers.candidates import Candidate, MethodResult, PromptInput, best_of, reward_stats
 from workers.context import Context
 from workers.pool.decoder import Decoder, Key, Seq
-from workers.pool.schedules import NoDecisions, rejection_cut, schedule_for
+from workers.pool.schedules import NoDecisions, pool_space, rejection_cut, schedule_for
 
 
 @dataclass
@@ -42,14 +45,22 @@ class PromptState:
     def ended(self) -> bool:
         return all(c is not None for c in self.candidates)
 
+    @property
+    def running(self) -> int:
+        """Its candidates not ended yet: its running sequences once it has started."""
+        return sum(c is None for c in self.candidates)
+
 
 class Pool:
     """The candidate pools of every prompt in flight on one decoder: prompts join (`add`) and leave (`forget`)
     while it decodes. `n` candidates per prompt, rejection quantile `alpha`, decision schedule `schedule`."""
 
-    def __init__(self, ctx: Context, decoder: Decoder, n: int, alpha: float = 0.0, schedule: NoDecisions | None = None):
+    def __init__(self, ctx: Context, decoder: Decoder, n: int, alpha: float = 0.0, schedule: NoDecisions | None = None,
+                 space: int | None = None):
+        """`space`: the bytes the running prompts may hold in all (default: the decoder's KV space)."""
         self.ctx, self.decoder, self.n, self.alpha = ctx, decoder, n, alpha
         self.schedule = schedule if schedule is not None else NoDecisions()
+        self.space = space if space is not None else decoder.kv_space()
         self.prompts: dict[int, PromptState] = {}  # by group
         self.waiting: list[int] = []  # groups not started yet, in order
         self.next_group = 0
@@ -59,8 +70,9 @@ class Pool:
     @classmethod
     def for_method(cls, ctx: Context, decoder: Decoder, params) -> "Pool":
         """The pool of a pool method's parameters (schemas.methods: n, alpha and the schedule of Speculative
-        Rejection; one candidate for the single-response methods)."""
-        return cls(ctx, decoder, params.candidates(), getattr(params, "alpha", 0.0), schedule_for(params, decoder))
+        Rejection; one candidate for the single-response methods), with the KV space the method gives it."""
+        return cls(ctx, decoder, params.candidates(), getattr(params, "alpha", 0.0), schedule_for(params, decoder),
+                   pool_space(params, decoder.kv_space()))
 
     # -- prompts in and out ----------------------------------------------------------------------------------------
     def add(self, prompts: list[PromptInput]) -> list[int]:
@@ -83,10 +95,12 @@ class Pool:
 
     # -- one turn --------------------------------------------------------------------------------------------------
     def step(self) -> bool:
-        """One turn of the decoding loop: start the waiting prompts that fit, take the sequences that ended, a
-        rejection round where the schedule calls one, and one decoding step. False once nothing runs or waits."""
-        self._admit()  # before the harvest: a fresh candidate's first token may already end it
+        """One turn of the decoding loop: take the sequences that ended, start the waiting prompts that fit in what
+        that freed, a rejection round where the schedule calls one, and one decoding step (counted in the meter
+        with its width). False once nothing runs or waits."""
         self._harvest()
+        if self._admit():
+            self._harvest()  # a fresh candidate's first token may already end it
         if not self.live:
             return bool(self.waiting)
         due = self.schedule.due(self.decoder, {g: s.prompt for g, s in self.prompts.items()})
@@ -94,23 +108,44 @@ class Pool:
             self.schedule.rejected(self._decide(due))
             if not self.live:
                 return True
+        running = [(g, s.running) for g, s in self.prompts.items() if s.started and s.running]
+        self.ctx.meter.count_step(torch.tensor([g for g, _ in running]), torch.tensor([r for _, r in running]))
         self.decoder.step()
         return True
 
-    def _admit(self) -> None:
-        """Start the waiting prompts that both the decoder and the schedule have room for (at least one when none
-        runs)."""
+    def _hold(self, state: PromptState, rows: int) -> int:
+        """The bytes a prompt's `rows` running sequences may take (`Decoder.need`), within its schedule's KV space."""
+        return self.decoder.need(state.prompt, rows, self.schedule.kv_tokens(state.prompt))
+
+    def _admit(self) -> bool:
+        """Start waiting prompts, in order, while the decoder has the places (`Decoder.width`) and the pool the KV
+        space (`space`) for all their candidates beside what the running prompts hold now: their running
+        candidates, each prompt within its own KV space (a cut or a finished candidate frees its place at once). A
+        prompt always starts when nothing runs. One rule on both engines; a function of the prompts' own
+        decoding, so where and when a prompt starts is the same however the calls were timed."""
         if not self.waiting:
-            return
-        waiting = [self.prompts[g].prompt for g in self.waiting]
-        running = [s.prompt for g, s in self.prompts.items() if s.started and not s.ended]
-        take = min(self.decoder.admit(waiting), self.schedule.admit(running, waiting))
+            return False
+        running = [s for s in self.prompts.values() if s.started and s.running]
+        if running and not self.decoder.joins:
+            return False
+        seqs = sum(s.running for s in running)
+        used = sum(self._hold(s, s.running) for s in running)
+        space = math.inf if self.space is None else self.space
+        take = 0
+        for g in self.waiting:
+            need = self._hold(self.prompts[g], self.n)
+            if (seqs or take) and (seqs + self.n > self.decoder.width or used + need > space):
+                break
+            take += 1
+            seqs += self.n
+            used += need
         if take:
             groups, self.waiting = self.waiting[:take], self.waiting[take:]
             for g in groups:
                 self.prompts[g].started = True
             self.decoder.start(groups, [self.prompts[g].prompt for g in groups])
             self.live += take * self.n
+        return bool(take)
 
     def _harvest(self) -> None:
         for (g, c), tokens, logprob in self.decoder.ended():

@@ -34,9 +34,9 @@ from workers.pool.decoder import Decoder
 class NoDecisions:
     """Best-of-N (and the single-response pools): never decide."""
 
-    def admit(self, running: Sequence[PromptInput], waiting: Sequence[PromptInput]) -> int:
-        """How many of the waiting prompts (in order) the schedule lets start beside the running ones."""
-        return len(waiting)
+    def kv_tokens(self, prompt: PromptInput) -> int | None:
+        """The most KV tokens the schedule lets a prompt's sequences hold (its KV space), or None (full length)."""
+        return None
 
     def due(self, decoder: Decoder, prompts: Mapping[int, PromptInput]) -> set[int]:
         return set()
@@ -78,8 +78,8 @@ class MemorySchedule(NoDecisions):
     A prompt's space is the KV cache that `candidates` of its candidates hold at full length: its prompt's tokens
     once and each response at its token limit, x `kv_bytes_per_token` (at most the pool's space). Its KV cache
     while it decodes is counted the same way: its prompt's tokens once and each running response's tokens, with the
-    next one. Prompts start while their spaces fit in the pool's space (`pool_space`, bytes) beside the running
-    prompts' (a prompt always starts when none runs).
+    next one. The pool counts a running prompt's hold as its space at most (`kv_tokens`), so prompts start beside
+    it while room remains (`workers.pool.pool`).
 
     After a round, decisions continue at each further step while the prompt's cache stays over its space and the
     last round rejected someone; once a round can reject no one (alpha = 0, or a pool too small to cut), its next
@@ -93,17 +93,10 @@ class MemorySchedule(NoDecisions):
 
     def space(self, prompt: PromptInput) -> int:
         """A prompt's KV space in bytes."""
-        return min((len(prompt.ids) + self.candidates * prompt.limit) * self.kv, self.pool_space)
+        return min(self.kv_tokens(prompt) * self.kv, self.pool_space)
 
-    def admit(self, running: Sequence[PromptInput], waiting: Sequence[PromptInput]) -> int:
-        used, take = sum(self.space(p) for p in running), 0
-        for p in waiting:
-            need = self.space(p)
-            if (used or take) and used + need > self.pool_space:
-                break
-            take += 1
-            used += need
-        return take
+    def kv_tokens(self, prompt: PromptInput) -> int:
+        return len(prompt.ids) + self.candidates * prompt.limit
 
     def due(self, decoder: Decoder, prompts: Mapping[int, PromptInput]) -> set[int]:
         out = set()
@@ -126,7 +119,7 @@ class MemorySchedule(NoDecisions):
         self.armed.pop(group, None)
 
     def stats(self, prompt: PromptInput) -> dict:
-        return {"memory_budget_bytes": self.space(prompt)}
+        return {"kv_space_bytes": self.space(prompt)}
 
 
 def memory_budget(params: SpeculativeRejection, kv_space: int | None) -> int:
@@ -140,6 +133,14 @@ def memory_budget(params: SpeculativeRejection, kv_space: int | None) -> int:
                          "memory: /proc/meminfo, sysconf); set method.memory_budget_mb to give the memory schedule its "
                          "KV budget")
     return int(budget)
+
+
+def pool_space(params, kv_space: int | None) -> int | None:
+    """The bytes a pool's running prompts may hold in all: the decoder's KV space, or for Speculative Rejection's
+    memory schedule its share of it (`memory_budget`); None where it cannot be read (no bound)."""
+    if isinstance(params, SpeculativeRejection) and params.schedule == "memory":
+        return memory_budget(params, kv_space)
+    return kv_space
 
 
 def schedule_for(params, decoder: Decoder) -> NoDecisions:

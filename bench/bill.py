@@ -1,0 +1,253 @@
+"""What users pay, Speculative Rejection against Best-of-N on a full actor: `python -m bench.bill`.
+
+An actor bills device time. On a device where a decoding step costs about the same at any width (a GPU at these model
+sizes), what it bills is its **decoding steps**; where a step's cost grows with its width (a CPU), its **CPU
+seconds**; either way the reward model counts. So each side here runs as a job's actor does: every prompt of the
+case in one actor call (`Runner.run`), at one width (`models.max_num_seqs`), prompts starting as the width and the
+KV space free (`workers.pool.pool.Pool`), and prints, per case:
+
+- **decoding steps** (the actor's batched steps: `stats.decoding_steps` summed) and the mean width;
+- **FLOPs** of the trio: 2 x parameters x tokens, for the target (prefill and decoding) and the reward model
+  (everything it was fed), as `winnow report` counts them (`reporting.cost`);
+- **reward tokens per generated token** (generated: every candidate's, rejected ones up to their cut);
+- **CPU seconds** of the process (the sides alternate, `--repeats` times, least of each) and wall seconds;
+- **the reward matched**: SR's mean best reward against Best-of-N's at N = n / 4, n / 2 and n, the N whose reward
+  SR reaches (interpolated in log N) and Best-of-N's steps and FLOPs at that N (interpolated the same way): SR's
+  figures against Best-of-N's **at the same reward**, and against Best-of-n's.
+
+Cases (`--cases`):
+- ``tiny``: the bundled trio with its reward model, on generated concept prompts of its world
+  (`assets.concept_sets`, held out from its training), 48 new tokens (the quickstart's);
+- ``smollm2``: SmolLM2-135M-Instruct (`builtin:smollm2-135m-instruct`, the `real` extra) with the `logprob`
+  reward (no reward tokens: read from the decoding step), on the bundled real instructions;
+- ``smollm2-rm``: SmolLM2 with a reward model of its own backbone under a seeded head
+  (`assets.smollm2.build_seeded_reward`; its scores mean nothing, its cost is a real 135M model's);
+- ``smollm2-rm-long``: the same with each instruction repeated to about 512 tokens: a prompt is scored once for its
+  candidates, and reward tokens per generated token show what that leaves (the tiny trio's context is 256).
+
+Each case runs on the engines of `--engines` (hf, vllm; the reward model on transformers) for each n of `--ns`.
+Figures go to stdout as Markdown tables and, with `--json PATH`, to a file (docs/figures/, from which the docs'
+tables are rendered). The load average before and after is printed: this machine is shared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from bench.common import table
+
+ROLES = ("target", "draft", "reward")
+
+
+def concept_items(count: int, seed: int = 0) -> list[dict]:
+    """Held-out concept prompts of the tiny world (`assets.concept_sets`): id, prompt, concepts."""
+    from assets import concept_sets
+
+    _, heldout = concept_sets.split("tiny-world", 0, count, seed)
+    return [{"prompt_id": r["id"], "prompt": [{"role": "user", "content": r["prompt"]}], "concepts": r["concepts"]}
+            for r in heldout]
+
+
+def long_items(items: list[dict], tokens: int, tokenizer) -> list[dict]:
+    """`items` with each request repeated until it is about `tokens` tokens long under `tokenizer`."""
+    out = []
+    for it in items:
+        text = it["prompt"][0]["content"]
+        unit = len(tokenizer(text, add_special_tokens=False)["input_ids"]) + 1
+        long = " ".join([text] * max(1, tokens // unit))
+        out.append({**it, "prompt": [{"role": "user", "content": long}]})
+    return out
+
+
+def real_items(count: int) -> list[dict]:
+    """The bundled real instructions (`builtin:real-prompts`, no concepts), the first `count`."""
+    import assets
+
+    items = [it for it in assets.prompt_items("real-prompts") if not it.get("concepts")]
+    if len(items) < count:
+        raise SystemExit(f"--prompts {count}: builtin:real-prompts holds {len(items)} instructions")
+    return items[:count]
+
+
+def interpolate(ns: list[int], values: list[float], rewards: list[float], reward: float) -> tuple[float, float]:
+    """(N, value at N): the N of a Best-of-N sweep whose mean reward is `reward`, linear in log N between the two
+    sweep points around it (clamped to the sweep's ends), and a figure of the sweep interpolated at that N."""
+    pts = sorted(zip(rewards, ns, values))
+    if reward <= pts[0][0]:
+        return float(pts[0][1]), float(pts[0][2])
+    if reward >= pts[-1][0]:
+        return float(pts[-1][1]), float(pts[-1][2])
+    for (r0, n0, v0), (r1, n1, v1) in zip(pts, pts[1:]):
+        if r0 <= reward <= r1:
+            t = 0.0 if r1 == r0 else (reward - r0) / (r1 - r0)
+            n = math.exp(math.log(n0) + t * (math.log(n1) - math.log(n0)))
+            u = 0.0 if n1 == n0 else (math.log(n) - math.log(n0)) / (math.log(n1) - math.log(n0))
+            return n, v0 + u * (v1 - v0)
+    raise AssertionError("unreachable")
+
+
+class Case:
+    """One model set-up: its models, its prompts, and the parameter counts that turn tokens into FLOPs."""
+
+    def __init__(self, name: str, models: dict, items: list[dict], max_new_tokens: int, parameters: dict[str, int]):
+        self.name, self.models, self.items, self.max_new_tokens = name, models, items, max_new_tokens
+        self.parameters = parameters
+
+    def config(self, method: dict, engine: str, width: int, out: str):
+        from pipeline.preflight import resolved
+        from schemas.config import validate_config
+
+        return resolved(validate_config({
+            "name": f"bill-{self.name}", "seed": 0, "data": {"source": "builtin:demo-prompts"},
+            "models": {**self.models, "engine": engine, "max_num_seqs": width},
+            "method": method,
+            "generation": {"max_new_tokens": self.max_new_tokens, "temperature": 1.0},
+            "output": {"path": out},
+            "resources": {"prompts_per_batch": len(self.items)},
+        }))
+
+    def figures(self, rows: list[dict]) -> dict:
+        errors = [r["error"] for r in rows if r["error"] is not None]
+        if errors:
+            raise SystemExit(f"{self.name}: {len(errors)} error row(s), e.g. {errors[0]}")
+        tokens = {r: sum(row["cost"][f"{r}_tokens"] for row in rows) for r in ROLES}
+        generated = sum(row["stats"]["generated_tokens"] for row in rows)
+        steps = sum(row["stats"]["decoding_steps"] for row in rows)
+        seq_steps = sum(row["stats"]["sequence_steps"] for row in rows)
+        flops = {r: 2.0 * self.parameters.get(r, 0) * tokens[r] for r in ROLES}
+        return {
+            "mean_best_reward": sum(r["best_reward"] for r in rows) / len(rows),
+            "generated_tokens": generated, "target_tokens": tokens["target"], "reward_tokens": tokens["reward"],
+            "reward_per_generated": tokens["reward"] / generated,
+            "decoding_steps": steps, "mean_width": seq_steps / steps,
+            "target_gflop": flops["target"] / 1e9, "reward_gflop": flops["reward"] / 1e9,
+            "gflop": sum(flops.values()) / 1e9,
+        }
+
+
+def run_side(runner, items: list[dict]) -> tuple[list[dict], float, float]:
+    w, c = time.perf_counter(), time.process_time()
+    rows = runner.run(items)
+    return rows, time.process_time() - c, time.perf_counter() - w
+
+
+def bench_case(case: Case, engine: str, n: int, width: int, repeats: int, tmp: str) -> dict:
+    """Best-of-N at n / 4, n / 2 and n and Speculative Rejection's minimal config at n, on one engine and width."""
+    from workers.actor.runner import Runner
+
+    sides = {f"BoN-{k}": {"name": "best_of_n", "n": k} for k in sorted({max(1, n // 4), max(1, n // 2), n})}
+    sides[f"SR-{n}"] = {"name": "speculative_rejection", "n": n, "alpha": 0.5}
+    first = None
+    runners = {}
+    for name, method in sides.items():
+        config = case.config(method, engine, width, str(Path(tmp) / "run"))
+        runners[name] = Runner(config, share=first) if first is not None else Runner(config)
+        first = first or runners[name]
+    out: dict[str, dict] = {}
+    for _ in range(repeats):  # the sides alternate, so that the machine's load falls on all of them
+        for name, runner in runners.items():
+            rows, cpu, wall = run_side(runner, case.items)
+            fig = case.figures(rows)
+            if name in out:
+                fig.update(cpu_s=min(cpu, out[name]["cpu_s"]), wall_s=min(wall, out[name]["wall_s"]))
+            else:
+                fig.update(cpu_s=cpu, wall_s=wall)
+            out[name] = fig
+            print(f"  {case.name} {engine} n={n} {name}: reward {fig['mean_best_reward']:.4f}, "
+                  f"{fig['decoding_steps']:.0f} steps at width {fig['mean_width']:.1f}, {fig['gflop']:.2f} GFLOP, "
+                  f"{fig['cpu_s']:.1f} CPU s", flush=True)
+    bons = [k for k in out if k.startswith("BoN-")]
+    ns = [int(k.split("-")[1]) for k in bons]
+    rewards = [out[k]["mean_best_reward"] for k in bons]
+    sr, bon_n = out[f"SR-{n}"], out[f"BoN-{n}"]
+    matched, steps_at = interpolate(ns, [out[k]["decoding_steps"] for k in bons], rewards, sr["mean_best_reward"])
+    _, gflop_at = interpolate(ns, [out[k]["gflop"] for k in bons], rewards, sr["mean_best_reward"])
+    _, cpu_at = interpolate(ns, [out[k]["cpu_s"] for k in bons], rewards, sr["mean_best_reward"])
+    out["SR / BoN-n"] = {k: sr[k] / bon_n[k] for k in ("decoding_steps", "gflop", "target_gflop", "cpu_s", "wall_s",
+                                                       "generated_tokens", "reward_tokens") if bon_n[k]}
+    out["SR / BoN-n"]["mean_best_reward"] = sr["mean_best_reward"] - bon_n["mean_best_reward"]
+    out["SR / BoN at the same reward"] = {"matched_n": matched, "decoding_steps": sr["decoding_steps"] / steps_at,
+                                          "gflop": sr["gflop"] / gflop_at, "cpu_s": sr["cpu_s"] / cpu_at}
+    return out
+
+
+def make_cases(names: list[str], prompts: int, tmp: str) -> list[Case]:
+    from runfolder.parameters import count_parameters
+
+    cases = []
+    for name in names:
+        if name == "tiny":
+            import assets
+
+            target, reward = assets.resolve("builtin:tiny-target"), assets.resolve("builtin:tiny-reward")
+            cases.append(Case(name, {"target": target, "reward": {"kind": "model", "path": reward}},
+                              concept_items(prompts), 48,
+                              {"target": count_parameters(target), "reward": count_parameters(reward)}))
+        elif name in ("smollm2", "smollm2-rm", "smollm2-rm-long"):
+            from assets import smollm2
+
+            target = smollm2.ensure()
+            models: dict = {"target": str(target), "reward": {"kind": "logprob"}}
+            parameters = {"target": count_parameters(str(target))}
+            items = real_items(prompts)
+            if name != "smollm2":
+                reward = Path(tmp) / "smollm2-reward"
+                if not reward.exists():
+                    smollm2.build_seeded_reward(reward, target)
+                models["reward"] = {"kind": "model", "path": str(reward)}
+                parameters["reward"] = count_parameters(str(reward))
+            if name == "smollm2-rm-long":
+                from transformers import AutoTokenizer
+
+                items = long_items(items, 512, AutoTokenizer.from_pretrained(target))
+            cases.append(Case(name, models, items, 64, parameters))
+        else:
+            raise SystemExit(f"--cases: unknown case {name!r}")
+    return cases
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cases", default="tiny", help="comma-separated: tiny, smollm2, smollm2-rm, smollm2-rm-long")
+    ap.add_argument("--engines", default="hf", help="comma-separated: hf, vllm")
+    ap.add_argument("--ns", default="32,128", help="Speculative Rejection's n (Best-of-N runs at n/4, n/2, n)")
+    ap.add_argument("--prompts", type=int, default=64, help="prompts, all in one actor call")
+    ap.add_argument("--width", type=int, default=256, help="models.max_num_seqs: sequences per decoding step")
+    ap.add_argument("--repeats", type=int, default=1, help="runs of each side, alternating (least CPU time kept)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (hf engine)")
+    ap.add_argument("--json", help="also write every figure to this file")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    load = os.getloadavg()
+    out: dict = {"prompts": args.prompts, "width": args.width, "threads": args.threads, "load_before": load,
+                 "cases": {}}
+    with tempfile.TemporaryDirectory(prefix="winnow-bench-bill-") as tmp:
+        for case in make_cases(args.cases.split(","), args.prompts, tmp):
+            for engine in args.engines.split(","):
+                for n in (int(x) for x in args.ns.split(",")):
+                    width = max(args.width, n)
+                    got = bench_case(case, engine, n, width, args.repeats, tmp)
+                    out["cases"][f"{case.name} {engine} n={n}"] = got
+                    print(table(f"{case.name}, engine {engine}, n = {n}, width {width}, {len(case.items)} prompts",
+                                got, ["mean_best_reward", "decoding_steps", "mean_width", "gflop", "reward_gflop",
+                                      "reward_per_generated", "generated_tokens", "cpu_s", "wall_s", "matched_n"],
+                                first="side"), flush=True)
+    out["load_after"] = os.getloadavg()
+    print(f"\nload average {out['load_before'][0]:.1f} -> {out['load_after'][0]:.1f}")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
