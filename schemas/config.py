@@ -13,7 +13,7 @@ import yaml
 from pydantic import Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
 from schemas.base import ConfigError, Strict, describe_validation_error, register_union_tags
-from schemas.methods import METHOD_NAMES, Method, methods_that
+from schemas.methods import METHOD_NAMES, Method, Sampling, methods_that
 
 
 class DataConfig(Strict):
@@ -300,8 +300,8 @@ class JobConfig(Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="Run name (letters, digits, _ . -).")
     seed: int = Field(
         0, ge=0, le=SEED_MAX,
-        description="Seeds every sample; the same seed gives the same outputs. At most 2^63 - 1 (Winnow's counter-based "
-        "sampler works in 64-bit integers), and below 2^32 where vLLM runs (it seeds numpy).",
+        description="Seeds every sample; the same seed gives the same outputs. At most 2^63 - 1 (Winnow's "
+        "counter-based sampler works in 64-bit integers), and below 2^32 where vLLM runs (it seeds numpy).",
     )
     data: DataConfig
     models: ModelsConfig
@@ -363,7 +363,7 @@ class JobConfig(Strict):
         m = self.method
         if m.needs_draft:
             return f"method {m.name!r}"
-        if m.sampling(self.generation).sampler == "speculative":
+        if m.sampling(Sampling.of(self.generation)).sampler == "speculative":
             return "generation.sampler 'speculative'"
         return None
 
@@ -376,7 +376,7 @@ class JobConfig(Strict):
         engine's speculative sampler, whose prompts start together. Decided from the config alone: the driver imports
         no torch."""
         m = self.method
-        joins = self.models.engine == "vllm" or m.sampling(self.generation).sampler == "target"
+        joins = self.models.engine == "vllm" or m.sampling(Sampling.of(self.generation)).sampler == "target"
         feeds = self.resources.feed_calls and m.feeds_across_calls() and joins
         return CONCURRENT_CALLS if feeds else 1
 

@@ -30,6 +30,12 @@ class Sampling(NamedTuple):
     sampler: str
     gamma: int
 
+    @classmethod
+    def of(cls, generation) -> "Sampling":
+        """The job's sampling, from its `generation` section (schemas.config.GenerationConfig)."""
+        g = generation
+        return cls(g.temperature, g.top_p, g.top_k, g.sampler, g.gamma)
+
 
 class MethodParams(Strict):
     """What every method's parameters say about it. Class attributes are fixed per method; methods depend on the
@@ -57,10 +63,13 @@ class MethodParams(Strict):
         calls may feed one loop (continuous batching across calls, resources.feed_calls; workers.pool.loop)."""
         return self.pool
 
-    def sampling(self, generation) -> Sampling:
-        """How its candidates are sampled, from `generation` (schemas.config.GenerationConfig)."""
-        g = generation
-        return Sampling(g.temperature, g.top_p, g.top_k, g.sampler if self.pool else "target", g.gamma)
+    def alpha_(self) -> float:
+        """The rejection rate of its decisions (Speculative Rejection's alpha; 0: it rejects no one)."""
+        return 0.0
+
+    def sampling(self, job: Sampling) -> Sampling:
+        """How its candidates are sampled, from the job's sampling (`Sampling.of(generation)`)."""
+        return job if self.pool else job._replace(sampler="target")
 
 
 class BestOfN(MethodParams):
@@ -129,6 +138,9 @@ class SpeculativeRejection(MethodParams):
         # the memory schedule rejects candidates once their cache reaches their prompt's space
         return self.schedule != "memory"
 
+    def alpha_(self) -> float:
+        return self.alpha
+
     def kv_space_candidates(self) -> int:
         """Schedule 'memory': the candidates at full length whose KV cache makes up a prompt's space."""
         return self.memory_candidates if self.memory_candidates is not None else max(1, self.n // 8)
@@ -142,8 +154,8 @@ class Greedy(MethodParams):
 
     name: Literal["greedy"] = Field(description="Greedy decoding with the target.")
 
-    def sampling(self, generation) -> Sampling:
-        return Sampling(0.0, 1.0, 0, "target", generation.gamma)
+    def sampling(self, job: Sampling) -> Sampling:
+        return Sampling(0.0, 1.0, 0, "target", job.gamma)
 
 
 class Nucleus(MethodParams):
@@ -155,9 +167,8 @@ class Nucleus(MethodParams):
     name: Literal["nucleus"] = Field(description="Nucleus sampling with the target.")
     top_p: float = Field(0.9, gt=0.0, le=1.0, description="Nucleus mass p; overrides generation.top_p.")
 
-    def sampling(self, generation) -> Sampling:
-        g = generation
-        return Sampling(g.temperature, self.top_p, g.top_k, "target", g.gamma)
+    def sampling(self, job: Sampling) -> Sampling:
+        return job._replace(top_p=self.top_p, sampler="target")
 
 
 class Beam(MethodParams):
@@ -182,9 +193,8 @@ class SpeculativeDecoding(MethodParams):
     name: Literal["speculative_decoding"] = Field(description="Speculative decoding with the draft model.")
     gamma: int = Field(4, ge=1, le=64, description="Draft tokens proposed per target call.")
 
-    def sampling(self, generation) -> Sampling:
-        g = generation
-        return Sampling(g.temperature, g.top_p, g.top_k, "speculative", self.gamma)
+    def sampling(self, job: Sampling) -> Sampling:
+        return job._replace(sampler="speculative", gamma=self.gamma)
 
 
 class MJSD(MethodParams):

@@ -90,3 +90,22 @@ sequences a step runs. Counts one
 
     def close(self) -> None:
         self.live.clear()
+
+
+class ScriptedScorer:
+    """A reward of the tests (`workers.scoring.protocol.Scorer`) from a function `fn(items, meter) -> floats`: no
+    model, no reward tokens, every call scored afresh."""
+
+    cuts_inputs = False
+    session_kv_bytes_per_token = 0
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self, items, meter):
+        return self.fn(items, meter)
+
+    def session(self, meter):
+        from workers.scoring.scorers import Rescoring
+
+        return Rescoring(lambda items: self(items, meter))

@@ -349,7 +349,7 @@ def test_unknown_context_length_warns_once_and_skips_only_that_check(monkeypatch
     cfg = config(method={"name": "greedy"}, generation={"max_new_tokens": 12})
     with caplog.at_level(logging.WARNING, logger="workers.actor.runner"):
         runner = Runner(cfg)
-    assert context_length(runner.engine.target.config) is None and runner.context is None
+    assert context_length(runner.engine.target.config) is None and runner.context_length is None
     no_field = SimpleNamespace(get_text_config=lambda: SimpleNamespace())
     assert context_length(no_field) is None
     warnings = [r.getMessage() for r in caplog.records if r.name == "workers.actor.runner"]

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from schemas.methods import Sampling
-from tests.replay_decoder import ReplayDecoder
+from tests.replay_decoder import ReplayDecoder, ScriptedScorer
 from tests.trio_helpers import demo_items, params_of, run_trio, trio_context, trio_prompts
 from workers.accounting.cost import Meter
 from workers.candidates import PromptInput
@@ -31,7 +31,7 @@ def scripted_context(meter: Meter) -> Context:
     def reward(items, _meter):
         return [float(sum(it.response_ids)) / max(1, len(it.response_ids)) for it in items]
 
-    return Context(Tokenizer(), [EOS], EOS, reward, meter, Sampling(1.0, 1.0, 0, "target", 4), 0)
+    return Context(Tokenizer(), [EOS], EOS, ScriptedScorer(reward), meter, Sampling(1.0, 1.0, 0, "target", 4), 0)
 
 
 def prompt(i: int) -> PromptInput:

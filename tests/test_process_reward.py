@@ -141,6 +141,17 @@ def test_speculative_rejection_rejects_on_the_prms_partial_rewards(prm, loaded):
         assert row["cost"]["reward_tokens"] > 0
 
 
+def test_a_process_reward_counts_its_cut_inputs_and_its_rows_carry_the_count(prm, loaded):
+    """Issue 30: a PRM cuts an input longer than its context to its end and counts the cut, and its rows carry
+    stats.reward_inputs_truncated (it was written for the plain reward model only)."""
+    meter = Meter(2)
+    scorer(loaded)(items(["the dog ran home"]) + [Scored(1, PROMPT, " ".join(["the dog ran home"] * 80), [], [])],
+                   meter)
+    assert meter.reward_inputs_truncated.tolist() == [0, 1]
+    rows = Runner(sr(prm)).run(demo_items(2))
+    assert [r["stats"]["reward_inputs_truncated"] for r in rows] == [0, 0]
+
+
 def test_the_same_config_gives_the_same_rows(prm):
     runner = Runner(sr(prm, aggregate="mean"))
     first = runner.run(demo_items(2))

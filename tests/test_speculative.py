@@ -17,6 +17,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from schemas.config import GenerationConfig
 from schemas.methods import Sampling
+from tests.replay_decoder import ScriptedScorer
 from tests.trio_helpers import params_of
 from workers.accounting.cost import Meter
 from workers.candidates import PromptInput
@@ -84,7 +85,7 @@ def coverage_reward(wanted: list[set[int]]):
     def reward(items, meter):
         return [len(wanted[it.group] & set(it.response_ids)) / len(wanted[it.group]) for it in items]
 
-    return reward
+    return ScriptedScorer(reward)
 
 
 def toy_context(target, draft, generation: dict | None = None, reward=None, num_prompts: int = 1,
@@ -232,7 +233,7 @@ def test_best_of_n_with_the_speculative_sampler_keeps_the_targets_distribution()
     target, draft = pair(vocab=12, sharpness=2.0, noise=1.5)
     prompt = PromptInput("bon", [], [4, 2, 8], prompt_key("bon"), 4)
     ctx = toy_context(target, draft, {"sampler": "speculative", "gamma": 2, "temperature": 1.0},
-                      reward=lambda items, m: [0.0] * len(items))
+                      reward=ScriptedScorer(lambda items, m: [0.0] * len(items)))
     (res,) = run({"name": "best_of_n", "n": 3000}, ctx, [prompt])
     v = target.config.vocab_size
     observed = padded_triples([c.tokens for c in res.candidates], v)
@@ -248,10 +249,11 @@ def test_sampled_sequences_do_not_depend_on_the_batch():
     prompts = toy_prompts(4, 48, 20, seed=5)
     gen = {"sampler": "speculative", "gamma": 3, "temperature": 1.0}
     bon = {"name": "best_of_n", "n": 3}
-    together = run(bon, toy_context(target, draft, gen, reward=lambda items, m: [0.0] * len(items), num_prompts=4),
+    zero = ScriptedScorer(lambda items, m: [0.0] * len(items))
+    together = run(bon, toy_context(target, draft, gen, reward=zero, num_prompts=4),
                    prompts)
     for i, p in enumerate(prompts):
-        (alone,) = run(bon, toy_context(target, draft, gen, reward=lambda items, m: [0.0] * len(items)), [p])
+        (alone,) = run(bon, toy_context(target, draft, gen, reward=zero), [p])
         assert [c.tokens for c in alone.candidates] == [c.tokens for c in together[i].candidates]
 
 

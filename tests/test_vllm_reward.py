@@ -11,6 +11,8 @@ serves the module; the transformers scores are taken before it exists (its CPU w
 
 from __future__ import annotations
 
+import math
+
 import json
 import os
 
@@ -153,6 +155,15 @@ def test_speculative_rejection_with_the_vllm_reward_gives_the_transformers_rewar
         # transformers' session feeds exactly the tokens a candidate added; vLLM's cache reuses whole blocks (32
         # tokens on the CPU), so each decision also re-feeds the tail of a candidate's last block
         assert ref["cost"]["reward_tokens"] <= got["cost"]["reward_tokens"]
+        # the rows carry the count of cut inputs, as with the transformers reward (issue 30: they did not)
+        assert got["stats"]["reward_inputs_truncated"] == ref["stats"]["reward_inputs_truncated"] == 0
+
+
+def test_the_vllm_reward_counts_inputs_cut_to_what_its_cache_holds(scorer):
+    meter = Meter(2)
+    long = " ".join(["Keep the same hours every day, weekends too."] * 700)  # past the 256 MiB cache's tokens
+    got = scorer([Scored(0, PROMPTS[0], "An apple", [], []), Scored(1, PROMPTS[1], long, [], [])], meter)
+    assert meter.reward_inputs_truncated.tolist() == [0, 1] and all(math.isfinite(v) for v in got)
 
 
 def test_the_target_and_the_reward_each_on_a_vllm_engine_in_one_actor(folder, reference):

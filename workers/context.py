@@ -14,15 +14,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from functools import cached_property
-from typing import Callable
-
 import torch
 
-from schemas.methods import Sampling
+from schemas.methods import MethodParams, Sampling
 from workers.accounting.cost import Meter
 from workers.candidates import PromptInput
 from workers.decoding.sampling import Warp
 from workers.scoring.items import Scored
+from workers.scoring.protocol import Scorer, Session
 from workers.scoring.scorers import Rescoring
 
 
@@ -31,7 +30,7 @@ class Context:
     tokenizer: object
     eos_ids: list[int]
     pad_id: int
-    reward: Callable[[list[Scored], Meter], list[float]] | None
+    reward: Scorer | None
     meter: Meter
     sampling: Sampling
     seed: int
@@ -43,7 +42,7 @@ class Context:
         s = self.sampling
         return Warp(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p)
 
-    def for_method(self, params) -> "Context":
+    def for_method(self, params: MethodParams) -> "Context":
         """This context with the method of `params`'s own sampling (a method's `sampling` of this one's)."""
         s = params.sampling(self.sampling)
         return self if s == self.sampling else replace(self, sampling=s)
@@ -60,14 +59,11 @@ class Context:
             return [None] * len(items)
         return self.reward(items, self.meter) if items else []
 
-    def reward_session(self):
+    def reward_session(self) -> Session:
         """A scoring session for candidates scored again as they grow (Speculative Rejection's decisions): the
-        reward's own when it keeps state between calls (`session(meter)`: a causal reward model keeps each
-        candidate's cache, workers.scoring.reward_model.CachedScoring), else one that scores every call afresh.
-        Either has `score(keys, items, final) -> rewards` (a key names one candidate; `final`: its last score) and
-        `release(keys)` (candidates that will not be scored again, in bulk)."""
-        make = getattr(self.reward, "session", None)
-        return make(self.meter) if make is not None else Rescoring(self.score)
+        reward's own (`Scorer.session`: a causal reward model keeps each candidate's cache,
+        workers.scoring.reward_model.CachedScoring), or without a reward one that scores every call to None."""
+        return self.reward.session(self.meter) if self.reward is not None else Rescoring(self.score)
 
     def finish_reason(self, tokens: list[int]) -> str:
         return "eos" if tokens and tokens[-1] in self.eos_ids else "length"

@@ -30,6 +30,7 @@ from workers.candidates import PromptInput
 from workers.context import Context
 from workers.decoding.sampling import prompt_key
 from workers.engines.hf import HfEngine
+from workers.engines.protocol import Engine
 from workers.loading import load_process_reward_model, load_reward_model
 from workers.methods import run_method
 from workers.methods.measures import add_perplexities, constraint_stats
@@ -37,13 +38,14 @@ from workers.pool.loop import Loop, Outcome
 from workers.pool.pool import Pool
 from workers.scoring.items import render
 from workers.scoring.process_reward import ProcessRewardScorer, Steps
+from workers.scoring.protocol import Scorer
 from workers.scoring.reward_model import RewardModelScorer
 from workers.scoring.scorers import LexicalScorer, LogprobScorer, PythonScorer
 
 log = logging.getLogger(__name__)
 
 
-def new_engine(config: JobConfig):
+def new_engine(config: JobConfig) -> Engine:
     """The engine of `models.engine` (vLLM is imported only where it runs)."""
     if config.models.engine == "vllm":
         from workers.engines.vllm import VllmEngine
@@ -52,7 +54,7 @@ def new_engine(config: JobConfig):
     return HfEngine(config)
 
 
-def load_reward(config: JobConfig, engine):
+def load_reward(config: JobConfig, engine: Engine) -> Scorer | None:
     """The scorer of `models.reward` on the engine's device (None without a reward)."""
     r = config.models.reward
     if r is None:
@@ -79,7 +81,7 @@ def load_reward(config: JobConfig, engine):
 
 
 class Runner:
-    def __init__(self, config: JobConfig, share: "Runner | None" = None, engine=None):
+    def __init__(self, config: JobConfig, share: "Runner | None" = None, engine: Engine | None = None):
         """`share`: a Runner of the same models and resources whose engine and reward this one uses (a test or a
         bench running several methods or settings on one loaded engine; two runners' calls decode one after the
         other). `engine`: an engine built for `config` by the caller (bench/vllm_engine.py builds its vLLM engine
@@ -91,18 +93,20 @@ class Runner:
                              "loaded")
         self.config = config
         self.params = config.method
-        self.engine = share.engine if share is not None else engine if engine is not None else new_engine(config)
+        self.engine: Engine = share.engine if share is not None else engine if engine is not None else \
+            new_engine(config)
         e = self.engine
-        self.tokenizer, self.eos_ids, self.pad_id, self.context = e.tokenizer, e.eos_ids, e.pad_id, e.context
+        self.tokenizer, self.eos_ids, self.pad_id, self.context_length = e.tokenizer, e.eos_ids, e.pad_id, \
+            e.context_length
         # A fast tokenizer may not be used from two threads at once: the calls encode their prompts with this one,
         # one call at a time, and the method decodes its responses with a copy (in the decoding loop's thread).
         self.encoding = threading.Lock()
         self.decoding_tokenizer = copy.deepcopy(self.tokenizer)
-        if self.context is None:
+        if self.context_length is None:
             log.warning("models.target %s: its config has no max_position_embeddings, so prompts are not checked "
                         "against a context length (each response may still take generation.max_new_tokens)",
                         config.models.target)
-        self.reward = share.reward if share is not None else load_reward(config, self.engine)
+        self.reward: Scorer | None = share.reward if share is not None else load_reward(config, self.engine)
         self.engine.start()  # vLLM's engine, after the reward model: its CPU worker pins this process's threads
         self.devices = config.resources.gpus_per_worker or 1.0  # what an actor's busy time is multiplied by
         self.loop = None
@@ -131,13 +135,15 @@ class Runner:
             problem = prompt_problem(item["prompt"])
             if problem is None:
                 ids = self.encode_prompt(item["prompt"])
-                if self.context is not None and len(ids) >= self.context:
-                    problem = f"prompt is {len(ids)} tokens; the target's context is {self.context} tokens"
+                if self.context_length is not None and len(ids) >= self.context_length:
+                    problem = (f"prompt is {len(ids)} tokens; the target's context is {self.context_length} "
+                               "tokens")
             if problem is not None:
                 errors[i] = error_row(item["prompt_id"], item["prompt"], name, problem)
                 continue
             concepts = item.get("concepts")
-            limit = max_new_tokens if self.context is None else min(max_new_tokens, self.context - len(ids))
+            room = None if self.context_length is None else self.context_length - len(ids)
+            limit = max_new_tokens if room is None else min(max_new_tokens, room)
             prompt = PromptInput(item["prompt_id"], item["prompt"], ids, prompt_key(item["prompt_id"]), limit,
                                  list(concepts) if concepts is not None else None)
             ready.append((i, prompt))
@@ -146,10 +152,9 @@ class Runner:
     def context_for(self, meter: Meter) -> Context:
         """What the method and its pool share for a batch: the tokenizer and stop tokens, the reward, `meter`, the
         method's sampling (`Context.for_method`) and the seed, and the hf engine's models."""
-        g, e = self.config.generation, self.engine
-        sampling = Sampling(g.temperature, g.top_p, g.top_k, g.sampler, g.gamma)
-        ctx = Context(self.decoding_tokenizer, self.eos_ids, self.pad_id, self.reward, meter, sampling,
-                      self.config.seed, target=e.target, draft=e.draft)
+        e = self.engine
+        ctx = Context(self.decoding_tokenizer, self.eos_ids, self.pad_id, self.reward, meter,
+                      Sampling.of(self.config.generation), self.config.seed, target=e.target, draft=e.draft)
         return ctx.for_method(self.params)
 
     def open_pool(self, meter: Meter) -> Pool:
@@ -204,7 +209,7 @@ class Runner:
         cand = res.candidates[best] if best is not None else None
         if cand is not None:
             res.stats.update(constraint_stats(cand.text, p.concepts))
-        with_truncated = isinstance(self.reward, RewardModelScorer)
+        with_truncated = self.reward is not None and self.reward.cuts_inputs
         return {
             "prompt_id": p.prompt_id,
             "prompt": p.messages,

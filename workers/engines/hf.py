@@ -16,6 +16,7 @@ from typing import Callable, Sequence
 import torch
 
 from schemas.config import JobConfig
+from schemas.methods import MethodParams
 from workers.accounting.memory import device_free_bytes, free_memory_bytes
 from workers.loading import load_causal_lm, pick_device
 from workers.candidates import PromptInput
@@ -27,6 +28,7 @@ from workers.decoding.speculative import SpeculativeSampler
 from workers.decoding.target import TargetSampler
 from workers.pool.decoder import Key, Seq
 from workers.pool.loop import start_thread
+from workers.scoring.protocol import Scorer
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +93,7 @@ class HfEngine:
             self.draft = load_causal_lm(m.draft, "models.draft", self.device, m.dtype, m.trust_remote_code).model
         self.eos_ids = eos_token_ids(getattr(self.target, "generation_config", None), self.tokenizer)
         self.pad_id = pad_token_id(self.tokenizer, self.eos_ids)
-        self.context = context_length(self.target.config)
+        self.context_length = context_length(self.target.config)
         self.vocab = self.target.get_output_embeddings().weight.shape[0]
         self.kv_bytes_per_token = model_kv_bytes(self.target) + (
             model_kv_bytes(self.draft) if self.draft is not None else 0)
@@ -105,7 +107,8 @@ class HfEngine:
         mb = self.config.models.kv_space_mb
         return int(mb * 2**20) if mb is not None else int(free_memory_bytes(self.device) * MEMORY_FRACTION)
 
-    def sequences_need(self, prompt: PromptInput, rows: int, params, reward=None, kv_tokens: int | None = None) -> int:
+    def sequences_need(self, prompt: PromptInput, rows: int, params: MethodParams, reward: Scorer | None = None,
+                       kv_tokens: int | None = None) -> int:
         """Bytes `rows` running sequences of a prompt may take at their peak (`batch_memory_need`) under a method's
         parameters, their KV cache within `kv_tokens` tokens when given (a Speculative Rejection prompt's KV space:
         the responses then share what is left after the prompt); with `reward`'s caches that a session keeps
@@ -117,19 +120,19 @@ class HfEngine:
         shared = self.draft is None and params.pool and worth_sharing(len(prompt.ids), rows, self.kv_bytes_per_token) \
             and shares_exactly(self.target)
         need = batch_memory_need(rows, len(prompt.ids), new, self.kv_bytes_per_token, self.vocab, shared)
-        if params.decides() and getattr(reward, "incremental", False):
+        if params.decides() and reward is not None and reward.session_kv_bytes_per_token:
             # the reward session keeps each running candidate's reward-model cache from one decision to the next
-            need += rows * storage_columns(len(prompt.ids) + new) * reward.kv_bytes_per_token
+            need += rows * storage_columns(len(prompt.ids) + new) * reward.session_kv_bytes_per_token
         return need
 
-    def memory_need(self, prompt: PromptInput, params, reward=None) -> int:
+    def memory_need(self, prompt: PromptInput, params: MethodParams, reward: Scorer | None = None) -> int:
         """Bytes one prompt's sequences may take at their peak, all its candidates running (`sequences_need`):
         with the memory schedule, within the prompt's KV space."""
         kv_tokens = None if params.kv_grows() else len(prompt.ids) + params.kv_space_candidates() * prompt.limit
         return self.sequences_need(prompt, params.candidates(), params, reward, kv_tokens)
 
-    def memory_groups(self, prompts: list[PromptInput], params, reward=None, budget: int | None = None
-                      ) -> list[list[int]]:
+    def memory_groups(self, prompts: list[PromptInput], params: MethodParams, reward: Scorer | None = None,
+                      budget: int | None = None) -> list[list[int]]:
         """The prompts' indices in consecutive groups that each fit in `budget` (default `self.budget()`); all of
         them when they fit. A prompt that cannot fit alone raises `BatchTooLarge` before anything is allocated for
         it. Splitting changes no sampled token (draws are keyed per prompt and candidate,
@@ -154,7 +157,7 @@ class HfEngine:
             used += need
         return groups
 
-    def check(self, prompts: list[PromptInput], params, reward=None) -> None:
+    def check(self, prompts: list[PromptInput], params: MethodParams, reward: Scorer | None = None) -> None:
         """Raise `BatchTooLarge` when one of the prompts cannot fit in memory alone."""
         self.memory_groups(prompts, params, reward)
 
@@ -166,7 +169,7 @@ class HfEngine:
         """Run a decoding loop's function in a thread of its own (`workers.pool.loop`)."""
         start_thread(fn)
 
-    def decoder(self, ctx: Context, params, reward=None) -> "HfDecoder":
+    def decoder(self, ctx: Context, params: MethodParams, reward: Scorer | None = None) -> "HfDecoder":
         """A candidate pool's decoder for a method's parameters, on this engine's models, with the memory budget
         read now as its KV space and models.max_num_seqs as its width."""
         return HfDecoder(ctx, params.candidates(),

@@ -31,6 +31,7 @@ from typing import Callable, Sequence
 import torch
 
 from schemas.config import JobConfig
+from schemas.methods import MethodParams
 from stores.model_folders import CAUSAL_LM
 from workers.candidates import PromptInput
 from workers.context import Context
@@ -38,6 +39,7 @@ from workers.decoding.kvcache import context_length, kv_bytes_per_token
 from workers.engines.hf import eos_token_ids, pad_token_id
 from workers.loading import checkpoint_dtype, local_model_folder, pick_device, pick_dtype, remote_code_guard
 from workers.pool.decoder import Key, Seq
+from workers.scoring.protocol import Scorer
 from workers.vllm_runtime import (
     CPU_BLOCK_SIZE,
     EngineThread,
@@ -54,8 +56,8 @@ SEED_MODULUS = 2**31 - 2**17  # candidate seeds stay in int32 for every n up to 
 
 def candidate_seed(seed: int, key: int, index: int) -> int:
     """vLLM's seed for candidate `index` of the prompt with key `key` (workers.decoding.sampling.prompt_key): a
-    function of the job seed, the prompt and the index only; consecutive indices get consecutive seeds, as vLLM gives the
-    children of an n > 1 request."""
+    function of the job seed, the prompt and the index only; consecutive indices get consecutive seeds, as vLLM gives
+    the children of an n > 1 request."""
     base = (key ^ (seed * 0x9E3779B97F4A7C15)) % SEED_MODULUS
     return base + index
 
@@ -97,7 +99,7 @@ class VllmEngine:
         self.target = self.draft = None  # the target lives in vLLM
         self.eos_ids = eos_token_ids(gen, self.tokenizer)
         self.pad_id = pad_token_id(self.tokenizer, self.eos_ids)
-        self.context = context_length(hf_config)
+        self.context_length = context_length(hf_config)
         self.dtype = pick_dtype(m.dtype, self.device, checkpoint_dtype(self.path))
         self.kv_bytes_per_token = kv_bytes_per_token(hf_config, torch.tensor([], dtype=self.dtype).element_size())
         self.kv_usage = 0.0  # of the engine's KV cache after the last step (its stat logger sets it)
@@ -130,8 +132,8 @@ class VllmEngine:
             seed=self.config.seed, trust_remote_code=m.trust_remote_code, enable_prefix_caching=True,
             max_num_seqs=m.width(self.config.method.candidates()), disable_log_stats=False,
         )
-        if self.context is not None:
-            kw["max_model_len"] = self.context
+        if self.context_length is not None:
+            kw["max_model_len"] = self.context_length
         kv_mb = m.kv_space_mb if m.kv_space_mb is not None else (CPU_KV_CACHE_MB if cpu else None)
         if kv_mb is not None:
             kw["kv_cache_memory_bytes"] = int(kv_mb * 2**20)
@@ -175,12 +177,16 @@ class VllmEngine:
         only hold cached prefixes count as free, as vLLM counts them)."""
         return round(self.kv_usage * (self.num_blocks - 1)), self.num_blocks
 
-    def check(self, prompts: list[PromptInput], params, reward=None) -> None:
+    def check(self, prompts: list[PromptInput], params: MethodParams, reward: Scorer | None = None) -> None:
         """Nothing to check before a call: a prompt's candidates fit in one step by validation (method.n <=
         models.max_num_seqs), and the pool starts no more than the KV cache holds."""
 
-    def decoder(self, ctx: Context, params, reward=None) -> "VllmDecoder":
+    def decoder(self, ctx: Context, params: MethodParams, reward: Scorer | None = None) -> "VllmDecoder":
         return VllmDecoder(self, ctx, params)
+
+    def memory_groups(self, prompts: list[PromptInput], params: MethodParams, reward: Scorer | None = None
+                      ) -> list[list[int]]:
+        raise NotImplementedError(f"method {params.name!r} runs on engine 'hf' only (validation refuses it here)")
 
     def synchronize(self) -> None:
         pass
@@ -193,7 +199,7 @@ class VllmEngine:
 class VllmDecoder:
     """A candidate pool's sequences as requests of the vLLM engine (`workers.pool.decoder.Decoder`)."""
 
-    def __init__(self, engine: VllmEngine, ctx: Context, params):
+    def __init__(self, engine: VllmEngine, ctx: Context, params: MethodParams):
         self.engine, self.llm, self.ctx = engine, engine.llm, ctx
         self.kv_bytes_per_token = engine.kv_bytes_per_token
         self.pool_id = next(engine.pools)

@@ -24,6 +24,7 @@ from typing import Sequence
 
 import torch
 
+from schemas.methods import MethodParams
 from workers.candidates import Candidate, MethodResult, PromptInput, best_of, reward_stats
 from workers.context import Context
 from workers.pool.decoder import Decoder, Key, Seq
@@ -68,10 +69,10 @@ class Pool:
         self.scoring = None  # the reward session, made at the first scoring
 
     @classmethod
-    def for_method(cls, ctx: Context, decoder: Decoder, params) -> "Pool":
+    def for_method(cls, ctx: Context, decoder: Decoder, params: MethodParams) -> "Pool":
         """The pool of a pool method's parameters (schemas.methods: n, alpha and the schedule of Speculative
         Rejection; one candidate for the single-response methods), with the KV space the method gives it."""
-        return cls(ctx, decoder, params.candidates(), getattr(params, "alpha", 0.0), schedule_for(params, decoder),
+        return cls(ctx, decoder, params.candidates(), params.alpha_(), schedule_for(params, decoder),
                    pool_space(params, decoder.kv_space()))
 
     # -- prompts in and out ----------------------------------------------------------------------------------------

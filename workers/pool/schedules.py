@@ -26,7 +26,7 @@ import math
 from collections import defaultdict
 from typing import Mapping, Sequence
 
-from schemas.methods import SpeculativeRejection
+from schemas.methods import MethodParams, SpeculativeRejection
 from workers.candidates import PromptInput
 from workers.pool.decoder import Decoder
 
@@ -135,7 +135,7 @@ def memory_budget(params: SpeculativeRejection, kv_space: int | None) -> int:
     return int(budget)
 
 
-def pool_space(params, kv_space: int | None) -> int | None:
+def pool_space(params: MethodParams, kv_space: int | None) -> int | None:
     """The bytes a pool's running prompts may hold in all: the decoder's KV space, or for Speculative Rejection's
     memory schedule its share of it (`memory_budget`); None where it cannot be read (no bound)."""
     if isinstance(params, SpeculativeRejection) and params.schedule == "memory":
@@ -143,7 +143,7 @@ def pool_space(params, kv_space: int | None) -> int | None:
     return kv_space
 
 
-def schedule_for(params, decoder: Decoder) -> NoDecisions:
+def schedule_for(params: MethodParams, decoder: Decoder) -> NoDecisions:
     """The decision schedule of a pool method's parameters on `decoder`."""
     if not isinstance(params, SpeculativeRejection):
         return NoDecisions()

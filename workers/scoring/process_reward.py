@@ -111,7 +111,8 @@ def per_token_logits(model, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tens
 class ProcessRewardScorer:
     """A process reward model on transformers, batched under `batch_tokens` (rows x padded length)."""
 
-    incremental = False  # every call is scored whole
+    cuts_inputs = True  # an input longer than the PRM's context keeps its end
+    session_kv_bytes_per_token = 0  # every call is scored whole
 
     def __init__(self, model, tokenizer, steps: Steps, batch_tokens: int, role: str = "reward"):
         if type(model).__name__.endswith("ForSequenceClassification") and not isinstance(

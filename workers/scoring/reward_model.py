@@ -60,6 +60,7 @@ class RewardModelScorer:
     """
 
     MIN_SHARED = 8  # shorter shared prefixes are not worth a separate prefill
+    cuts_inputs = True  # an input longer than the context keeps its end
 
     def __init__(self, model, tokenizer, batch_tokens: int | None, meter_role: str = "reward"):
         self.model, self.tok, self.batch_tokens = model, tokenizer, batch_tokens
@@ -75,6 +76,8 @@ class RewardModelScorer:
         self.kv_bytes_per_token = model_kv_bytes(model)  # replaced by the cache's own, measured by the probe
         self.shares_prefix = prefix_sharing_is_exact(model, self.pad)
         self.incremental = self.shares_prefix and incremental_is_exact(self)
+        # what a session keeps per token of a running candidate: its cache, where it keeps one
+        self.session_kv_bytes_per_token = self.kv_bytes_per_token if self.incremental else 0
         log.info("reward model %s", "keeps each candidate's cache between calls" if self.incremental else
                  "caches the shared prompt prefix" if self.shares_prefix else "scores whole sequences")
 

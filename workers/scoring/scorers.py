@@ -44,8 +44,14 @@ class LogprobScorer:
     own, on the hf engine) are scored by a forward of the target, batched under a token budget; the
     log-probabilities come from `workers.decoding.logprobs` (no full-vocabulary log-softmax)."""
 
+    cuts_inputs = False  # the target reads the whole response
+    session_kv_bytes_per_token = 0
+
     def __init__(self, model, pad_id: int, batch_tokens: int):
         self.model, self.pad_id, self.batch_tokens = model, pad_id, batch_tokens
+
+    def session(self, meter: Meter) -> Rescoring:
+        return Rescoring(lambda items: self(items, meter))
 
     @torch.inference_mode()
     def __call__(self, items: list[Scored], meter: Meter) -> list[float]:
@@ -71,6 +77,12 @@ class LogprobScorer:
 class LexicalScorer:
     """Fraction of the row's concepts the response covers (paper 000's CommonGen reward)."""
 
+    cuts_inputs = False
+    session_kv_bytes_per_token = 0
+
+    def session(self, meter: Meter) -> Rescoring:
+        return Rescoring(lambda items: self(items, meter))
+
     def __call__(self, items: list[Scored], meter: Meter) -> list[float]:
         out = []
         for it in items:
@@ -82,6 +94,12 @@ class LexicalScorer:
 
 class PythonScorer:
     """A user function `f(prompts, texts) -> list[float]` named as `module:function`."""
+
+    cuts_inputs = False
+    session_kv_bytes_per_token = 0
+
+    def session(self, meter: Meter) -> Rescoring:
+        return Rescoring(lambda items: self(items, meter))
 
     def __init__(self, path: str):
         module, _, name = path.partition(":")

@@ -48,7 +48,8 @@ class VllmRewardScorer:
     """A sequence-classification reward model (num_labels = 1) served by a vLLM pooling engine; with `steps`, a
     process reward model (`workers.scoring.process_reward`) on task token_classify, every call scored whole."""
 
-    incremental = False  # what it keeps between calls is vLLM's own cache, outside the decoder's memory
+    cuts_inputs = True  # to the reward model's context, or to what the engine's KV cache holds
+    session_kv_bytes_per_token = 0  # what it keeps between calls is vLLM's own cache, outside the decoder's memory
 
     def __init__(self, spec: str, field: str, device: torch.device, dtype_setting: str, trust_remote_code: bool,
                  kv_cache_mb: float | None, seed: int, role: str = "reward", steps: Steps | None = None):
