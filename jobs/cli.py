@@ -10,6 +10,7 @@ COMMANDS = {
     "validate": ("jobs.validate", "print the resolved config, or every error at once"),
     "build-sft": ("jobs.build_sft", "build an Expert-Iteration SFT dataset from runs"),
     "report": ("jobs.report", "compare runs by cost per unit of reward: tables and plots"),
+    "plan": ("jobs.plan", "sweep a sample, project the whole job's reward, cost and time, pick the config"),
     "rounds": ("jobs.rounds", "rounds of Expert Iteration: generate, build-sft, fine-tune, evaluate (resumable)"),
     "assets": ("jobs.assets", "list the bundled assets (builtin:NAME, a tab, its path)"),
 }

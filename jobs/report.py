@@ -1,10 +1,11 @@
-"""`winnow report RUN_DIR... --out DIR [--baseline RUN_DIR]`: which runs are worth their cost.
+"""`winnow report RUN_DIR... --out DIR [--baseline RUN_DIR] [--plan PLAN_DIR]`: which runs are worth their cost.
 
 Writes report.md (the cost-reward frontier first, tables, plots), report.json (every number) and PNG plots. The
 metrics and their definitions are in `reporting.stats` (improvement score, relative compute, reward gained per USD,
 bootstrap intervals), `reporting.cost` (the compute and measured-USD bases), `reporting.tolerance` and
 `reporting.frontier` (the frontier, dominance, marginal cost); the files are assembled in `reporting.render`, which
-ranks runs of different reward definitions apart. Without --baseline the first RUN_DIR is the baseline.
+ranks runs of different reward definitions apart. Without --baseline the first RUN_DIR is the baseline. With --plan,
+each run is checked against a `winnow plan`'s projection (`reporting.plancheck`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import sys
 import assets
 from jobs.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_RUNTIME, parse_args
 from reporting.cost import BASES, COMPUTE
+from reporting.plancheck import read_plan
 from reporting.render import order_runs, terminal_summary, write_report
 from runfolder.outputs import check_out, release_out
 from runfolder.runs import folder_key, load_run, load_runs
@@ -38,6 +40,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="the cost runs are ranked by: compute (default; FLOPs from tokens and parameter counts, the "
                    "same for the same runs every time) or usd (measured device-seconds x price, which moves with "
                    "the machine's load)")
+    p.add_argument("--plan", default=None, metavar="PLAN_DIR",
+                   help="a `winnow plan` folder: put its projection beside what each run spent and earned, and say "
+                   "whether each figure fell inside its interval")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an --out that holds an earlier output of a winnow command (only that: a folder "
                    "holding anything else is refused, and nothing is deleted)")
@@ -74,6 +79,12 @@ def _main(argv: list[str] | None) -> int:
             baseline = load_run(args.baseline)
         except InputError as err:
             problems += [f"--baseline {line}" for line in err.problems]
+    plan = None
+    if args.plan is not None:
+        try:
+            plan = read_plan(args.plan)
+        except InputError as err:
+            problems += err.problems
     if problems:
         for line in problems:
             print(f"winnow report: {line}", file=sys.stderr)
@@ -82,7 +93,7 @@ def _main(argv: list[str] | None) -> int:
         baseline = runs[keys.index(folder_key(args.baseline))]
     ordered, base_index = order_runs(runs, baseline)
     try:
-        report = write_report(ordered, base_index, args.out, args.basis, resolve=assets.resolve)
+        report = write_report(ordered, base_index, args.out, args.basis, resolve=assets.resolve, plan=plan)
     except InputError as err:  # --out taken by another writer since the check (its lease)
         for line in err.problems:
             print(f"winnow report: {line}", file=sys.stderr)

@@ -14,6 +14,7 @@ import json
 import posixpath
 import re
 
+from reporting import plancheck
 from reporting import plots as report_plots
 from reporting import rounds as report_rounds
 from reporting.cost import COMPUTE, USD, run_cost
@@ -279,6 +280,8 @@ def terminal_summary(report: dict) -> str:
             parts.append(f"Scored by {g['reward']} (baseline {g['baseline']}):")
         parts.append(headline(report, g))
     parts += report_rounds.terminal_lines(report["rounds"])
+    if report.get("plan"):
+        parts.append("\n".join(plancheck.terminal_lines(report["plan"])))
     return "\n\n".join(parts).replace("**", "")
 
 
@@ -301,6 +304,8 @@ def render_markdown(report: dict, plots: dict[str, str]) -> str:
         lines += _baseline_section(report, g, h)
         lines.append("")
     lines += report_rounds.markdown_section(report["rounds"])
+    if report.get("plan"):
+        lines += plancheck.markdown_section(report["plan"])
     lines += ["## Runs", "",
               "| run | method | engine | status | reward | prompts | errors | mean best reward [95% interval] "
               "(std) | generated tokens / prompt | target / draft / reward tokens per prompt | parameters (target / "
@@ -519,9 +524,13 @@ def _unique(name: str, taken: set[str]) -> str:
     return out
 
 
-def write_report(runs: list[Run], base_index: int, out: str, basis: str = COMPUTE, resolve=_identity) -> dict:
-    """Compute, draw and write report.json, report.md and the PNGs to `out` (through a temporary folder)."""
+def write_report(runs: list[Run], base_index: int, out: str, basis: str = COMPUTE, resolve=_identity,
+                 plan: dict | None = None) -> dict:
+    """Compute, draw and write report.json, report.md and the PNGs to `out` (through a temporary folder); with
+    `plan` (`reporting.plancheck.read_plan`), the plan checked against the runs."""
     report = build_report(runs, base_index, basis, resolve)
+    if plan is not None:
+        report["plan"] = plancheck.check(plan, runs, report["runs"])
     plots = draw_plots(runs, report)
     report["plots"] = {caption: name for caption, (name, _) in plots.items()}
     markdown = render_markdown(report, report["plots"])

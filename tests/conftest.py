@@ -77,16 +77,17 @@ def committed_batches(run: Path) -> int:
     return len([p for p in ckpt.glob("*.parquet") if not p.name.endswith(".pending.parquet")]) if ckpt.exists() else 0
 
 
-def kill_once_committed(cfg: Path, run: Path, log: Path, timeout: float = 400) -> None:
-    """Start `winnow generate cfg` (its own process group), SIGKILL it as soon as a batch of `run` has committed,
-    then every process of its group (the local Ray it started, its actors and their engines), so that none of them
-    writes afterwards. Fails, with the run's log, if it ended before it was killed."""
+def kill_once_committed(cfg: Path, run: Path, log: Path, timeout: float = 400, argv: list[str] | None = None) -> None:
+    """Start `winnow generate cfg` (or `python ARGV...`: a command that generates `run`, e.g. `winnow plan`) in its
+    own process group, SIGKILL it as soon as a batch of `run` has committed, then every process of its group (the
+    local Ray it started, its actors and their engines), so that none of them writes afterwards. Fails, with the
+    run's log, if it ended before it was killed."""
     import signal
     import time
 
     with open(log, "w") as out:
-        first = subprocess.Popen([sys.executable, "-m", "jobs.generate", str(cfg)], cwd=ROOT, stdout=out,
-                                 stderr=subprocess.STDOUT, start_new_session=True)
+        first = subprocess.Popen([sys.executable, *(argv or ["-m", "jobs.generate", str(cfg)])], cwd=ROOT,
+                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             deadline = time.monotonic() + timeout
             while committed_batches(run) == 0 and first.poll() is None and time.monotonic() < deadline:

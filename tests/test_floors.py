@@ -11,9 +11,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# rounds/ (the Expert-Iteration recipe) composes the floor-4 packages, below the entry points: a floor between them.
-FLOORS = {"jobs": 5, "rounds": 4.5, "pipeline": 4, "sftdata": 4, "reporting": 4, "runfolder": 3, "workers": 2,
-          "schemas": 1, "lexical": 1, "stores": 1}
+# rounds/ (the Expert-Iteration recipe) and planning/ (`winnow plan`) compose the floor-4 packages, below the entry
+# points: a floor between them.
+FLOORS = {"jobs": 5, "rounds": 4.5, "planning": 4.5, "pipeline": 4, "sftdata": 4, "reporting": 4, "runfolder": 3,
+          "workers": 2, "schemas": 1, "lexical": 1, "stores": 1}
 # Packages beside the floors, with what they may import.
 ASIDE = {"assets": {"assets", "lexical"},
          "bench": {"bench", "assets", "pipeline", "reporting", "runfolder", "schemas", "workers", "lexical", "stores"}}
