@@ -78,7 +78,7 @@ def mixed_lengths(limit: int):
 
     def limited(engine, *args, **kwargs):
         batch = prefill(engine, *args, **kwargs)
-        mix = torch.remainder(batch.key * 7919 + batch.cand * 104729, limit) + 1
+        mix = torch.remainder(batch.rng_key * 7919 + batch.cand * 104729, limit) + 1
         batch.limit = torch.minimum(batch.limit, mix)
         return batch
 

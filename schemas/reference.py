@@ -123,7 +123,41 @@ def render() -> str:
         out += [f"#### `name: {mname}`", "", doc, ""]
         if [n for n in method.model_fields if n != "name"]:
             out += [*table(method, "method.", skip=("name",)), ""]
+    out += ["### Names in more than one section", "",
+            "The same key name in two sections names two settings; each applies where it is written:", "",
+            "| name | key | there |", "|---|---|---|"]
+    for name, places in shared_names().items():
+        for key, desc in places:
+            out.append(f"| `{name}` | `{key}` | {first_sentence(desc)} |")
     return "\n".join(out).rstrip() + "\n"
+
+
+def first_sentence(text: str) -> str:
+    text = " ".join((text or "").split()).replace("|", "\\|")
+    return text.split(". ")[0].rstrip(".") + "."
+
+
+def shared_names() -> dict[str, list[tuple[str, str]]]:
+    """Key names that more than one section uses (`name` and `kind`, which pick a variant, aside): name -> (dotted
+    key, description) of each section's field, the method variants' fields gathered under `method.`."""
+    places: dict[str, dict[str, str]] = {}
+
+    def add(model: type[BaseModel], prefix: str) -> None:
+        for name, field in model.model_fields.items():
+            if name in ("name", "kind") or typing.get_origin(field.annotation) is None and isinstance(
+                    field.annotation, type) and issubclass(field.annotation, BaseModel):
+                continue
+            places.setdefault(name, {}).setdefault(prefix + name, field.description or "")
+
+    for prefix, model in (("data.", C.DataConfig), ("models.", C.ModelsConfig), ("generation.", C.GenerationConfig),
+                          ("output.", C.OutputConfig), ("resources.", C.ResourcesConfig), ("cost.", C.CostConfig)):
+        add(model, prefix)
+    for reward in REWARDS:
+        add(reward, "models.reward.")
+    for method in METHODS:
+        add(method, "method.")
+    return {n: sorted(keys.items()) for n, keys in sorted(places.items())
+            if len({k.rsplit(".", 1)[0] for k in keys}) > 1}
 
 
 def render_columns() -> str:

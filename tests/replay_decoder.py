@@ -58,7 +58,7 @@ sequences a step runs. Counts one
             self.meter.count_forward("target", torch.tensor([g for g, _ in keys]), torch.ones(len(keys)))
         self._end()
 
-    def ended(self) -> list[Seq]:
+    def finished(self) -> list[Seq]:
         out, self.done = sorted(self.done), []
         return out
 

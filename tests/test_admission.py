@@ -37,11 +37,11 @@ def test_a_prompt_joining_a_decoding_batch_gets_its_own_logits(shared, monkeypat
     prompts = first + later
     engine = TargetSampler(runner.engine.target, runner.pad_id, runner.eos_ids, Warp(1.0), 0, Meter(3))
     with torch.inference_mode():
-        batch = engine.prefill([p.ids for p in first], 3, [p.key for p in first], [30])
+        batch = engine.prefill([p.ids for p in first], 3, [p.rng_key for p in first], [30])
         for _ in range(5):
             engine.step(batch)
         batch.select(torch.tensor([0, 2]))  # one candidate left: the joined batch has uneven prompts
-        new = engine.prefill([p.ids for p in later], 3, [p.key for p in later], [30, 30], first_group=1)
+        new = engine.prefill([p.ids for p in later], 3, [p.rng_key for p in later], [30, 30], first_group=1)
         batch.extend(new, runner.pad_id)
         assert batch.group.tolist() == [0, 0, 1, 1, 1, 2, 2, 2]
         for _ in range(4):

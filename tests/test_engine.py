@@ -132,7 +132,7 @@ def test_sequence_selection_keeps_the_cache_exact(items):
     meter = Meter(len(prompts))
     engine = TargetSampler(runner.engine.target, runner.pad_id, runner.eos_ids, Warp(1.0), 0, meter)
     with torch.inference_mode():
-        state = engine.prefill([p.ids for p in prompts], 4, [p.key for p in prompts], [40] * 3)
+        state = engine.prefill([p.ids for p in prompts], 4, [p.rng_key for p in prompts], [40] * 3)
         for _ in range(5):
             engine.step(state)
         keep = torch.tensor([1, 2, 6, 9, 11])

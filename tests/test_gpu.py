@@ -64,7 +64,7 @@ def test_the_kv_cache_grows_on_the_device():
     prompts = trio_prompts(demo_items(2))
     engine = TargetSampler(runner.engine.target, runner.pad_id, runner.eos_ids, Warp(1.0), 0, Meter(2))
     with torch.inference_mode():
-        batch = engine.prefill([p.ids for p in prompts], 8, [p.key for p in prompts], [16, 16])
+        batch = engine.prefill([p.ids for p in prompts], 8, [p.rng_key for p in prompts], [16, 16])
         for _ in range(8):
             engine.step(batch)
     layer = batch.cache.layers[0]

@@ -40,13 +40,13 @@ def test_a_batch_too_large_for_memory_is_split_with_identical_results():
     items = demo_items(3)
     whole = Runner(cfg)
     prompts = [p for _, p in whole.prepare(items)[0]]
-    assert len(whole.engine.memory_groups(prompts, whole.params)) == 1  # it fits this machine as one batch
+    assert len(whole.engine.memory_chunks(prompts, whole.params)) == 1  # it fits this machine as one batch
     expected = whole.run(items)
     split = Runner(cfg)
     ready, _ = split.prepare(items)
     # room for one prompt at a time
     split.engine.memory_budget = max(split.engine.memory_need(p, split.params) for _, p in ready) + 1
-    assert [len(g) for g in split.engine.memory_groups([p for _, p in ready], split.params)] == [1, 1, 1]
+    assert [len(g) for g in split.engine.memory_chunks([p for _, p in ready], split.params)] == [1, 1, 1]
     got = split.run(items)
     assert comparable(got) == comparable(expected)
     assert all(r["cost"]["target_tokens"] > 0 for r in got)

@@ -57,7 +57,7 @@ def test_q_is_the_joint_draft_probability_of_the_chosen_beams_prefix():
     warp = Warp(temperature=0.0)
     with torch.inference_mode():
         meter, tally = Meter(6), DecodeTally(6)
-        batch = open_batch(target, draft, [p.ids for p in prompts], [p.key for p in prompts], [20] * 6, PAD, meter,
+        batch = open_batch(target, draft, [p.ids for p in prompts], [p.rng_key for p in prompts], [20] * 6, PAD, meter,
                            tally)
         _, d = batch.sides(target, draft)
         gam = torch.full((6,), gamma)

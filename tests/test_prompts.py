@@ -1,4 +1,4 @@
-"""Reading and normalising prompt datasets (pipeline/prompts.py)."""
+"""Reading and normalising prompt datasets (pipeline/prompts/)."""
 
 from __future__ import annotations
 

@@ -40,7 +40,7 @@ def _decode(prompts, shared: bool, monkeypatch, forced: list | None = None):
     longest = max(range(len(prompts)), key=lambda i: len(prompts[i].ids))
     logits, tokens = [], []
     with torch.inference_mode():
-        batch = engine.prefill([p.ids for p in prompts], 4, [p.key for p in prompts], [30] * len(prompts))
+        batch = engine.prefill([p.ids for p in prompts], 4, [p.rng_key for p in prompts], [30] * len(prompts))
         assert isinstance(batch.cache, sp.SharedPrefixCache) == shared
         for step in range(12):
             if step == 4:
@@ -81,7 +81,7 @@ def test_the_prompts_cache_is_held_once(prompts, monkeypatch):
     runner = trio()
     engine = TargetSampler(runner.engine.target, runner.pad_id, runner.eos_ids, Warp(1.0), 0, Meter(len(prompts)))
     with torch.inference_mode():
-        batch = engine.prefill([p.ids for p in prompts], 16, [p.key for p in prompts], [8] * len(prompts))
+        batch = engine.prefill([p.ids for p in prompts], 16, [p.rng_key for p in prompts], [8] * len(prompts))
         engine.step(batch)
     layer = batch.cache.layers[0]
     assert layer.pk.shape[0] == len(prompts)  # one copy per prompt, not per candidate
@@ -130,5 +130,5 @@ def test_sharing_is_kept_for_caches_worth_it():
     engine = TargetSampler(runner.engine.target, runner.pad_id, runner.eos_ids, Warp(1.0), 0, Meter(1))
     p = trio_prompts(demo_items(1))[0]
     with torch.inference_mode():
-        batch = engine.prefill([p.ids], 16, [p.key], [8])
+        batch = engine.prefill([p.ids], 16, [p.rng_key], [8])
     assert not isinstance(batch.cache, sp.SharedPrefixCache)  # the tiny trio's prompt repeats

@@ -209,7 +209,7 @@ def sample_batch(target, draft, prompt, n, warp, gamma, limit, seed=0):
     with torch.inference_mode():
         engine = SpeculativeSampler(target, draft, gamma, PAD, [EOS], warp, seed, Meter(1))
         batch = engine.prefill([prompt], n, [prompt_key("chi")], [limit])
-        while not bool(engine.done(batch).all()):
+        while not bool(engine.finished(batch).all()):
             engine.step(batch)
     return batch, engine
 
@@ -301,7 +301,7 @@ def test_both_caches_stay_exact_after_steps_and_sequence_selection():
     prompts = toy_prompts(4, 48, 30, seed=9)
     with torch.inference_mode():
         engine = SpeculativeSampler(target, draft, 4, PAD, [EOS], Warp(1.0), 0, Meter(4))
-        batch = engine.prefill([p.ids for p in prompts], 3, [p.key for p in prompts], [30] * 4)
+        batch = engine.prefill([p.ids for p in prompts], 3, [p.rng_key for p in prompts], [30] * 4)
         for _ in range(4):
             engine.step(batch)
         batch.select(torch.tensor([0, 2, 5, 7, 10, 11]))
@@ -359,7 +359,7 @@ def test_emit_cuts_after_eos_and_at_the_limit():
     from workers.decoding.batch import Batch
 
     batch = Batch(cache=None, mask=torch.zeros(3, 1), pending=torch.tensor([2, 2, 2]), group=torch.arange(3),
-                cand=torch.zeros(3, dtype=torch.long), key=torch.zeros(3, dtype=torch.long),
+                cand=torch.zeros(3, dtype=torch.long), rng_key=torch.zeros(3, dtype=torch.long),
                 length=torch.tensor([1, 1, 4]), limit=torch.tensor([9, 9, 6]),
                 tokens=torch.zeros(3, 9, dtype=torch.long), alive=torch.ones(3, dtype=torch.bool),
                 logprob=torch.zeros(3, dtype=torch.float64))

@@ -19,7 +19,7 @@ class PromptInput:
     prompt_id: str
     messages: list[dict]
     ids: list[int]  # rendered with the target tokenizer's chat template
-    key: int  # counter-based RNG key (workers.decoding.sampling.prompt_key)
+    rng_key: int  # the prompt's key of the counter-based RNG (workers.decoding.sampling.prompt_key)
     limit: int  # most new tokens: max_new_tokens, capped by the target's context
     concepts: list[str] | None = None
 

@@ -177,19 +177,19 @@ class Runner:
             outcomes = self.loop.run(prompts)
         else:
             with self.lock:
-                outcomes = self._run_groups(prompts)
+                outcomes = self._run_chunks(prompts)
         for (i, p), o in zip(ready, outcomes):
             out[i] = self.row(p, o)
         return out
 
     @torch.inference_mode()
-    def _run_groups(self, prompts: list[PromptInput]) -> list[Outcome]:
-        """A method that is not a candidate pool, on the hf engine: the prompts in groups that fit in memory, each
-        group's costs taken before its quality measures run (they are not billed)."""
+    def _run_chunks(self, prompts: list[PromptInput]) -> list[Outcome]:
+        """A method that is not a candidate pool, on the hf engine: the prompts in chunks that fit in memory, each
+        chunk's costs taken before its quality measures run (they are not billed)."""
         started = time.perf_counter()
         out: list[Outcome] = []
-        for group in self.engine.memory_groups(prompts, self.params, self.reward):
-            ps = [prompts[i] for i in group]
+        for chunk in self.engine.memory_chunks(prompts, self.params, self.reward):
+            ps = [prompts[i] for i in chunk]
             meter = Meter(len(ps))
             meter.started = started
             ctx = self.context_for(meter)

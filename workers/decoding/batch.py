@@ -75,7 +75,7 @@ class Batch:
     pending: torch.Tensor  # [B] last sampled token, not yet in the cache
     group: torch.Tensor  # [B] prompt index within the batch
     cand: torch.Tensor  # [B] candidate index within the prompt
-    key: torch.Tensor  # [B] prompt key of the counter-based RNG (see workers.decoding.sampling)
+    rng_key: torch.Tensor  # [B] the prompt's key of the counter-based RNG (see workers.decoding.sampling)
     length: torch.Tensor  # [B] tokens generated so far, the pending one included
     limit: torch.Tensor  # [B] most tokens this sequence may generate
     tokens: torch.Tensor  # [B, T] generated tokens; tokens[i, :length[i]] are valid

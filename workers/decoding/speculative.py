@@ -347,7 +347,7 @@ def emit(batch: Batch, block: torch.Tensor, block_len: torch.Tensor, room_: torc
 
 
 def open_batch(
-    target: torch.nn.Module, draft: torch.nn.Module | None, prompts: list[list[int]], keys: list[int],
+    target: torch.nn.Module, draft: torch.nn.Module | None, prompts: list[list[int]], rng_keys: list[int],
     limits: list[int], pad_id: int, meter: Meter, tally: DecodeTally, reps: int = 1,
 ) -> SpecBatch:
     """A batch in the pending convention (offset 1): each prompt's last token is the first pending token, the caches
@@ -375,7 +375,7 @@ def open_batch(
     zeros = torch.zeros(b, dtype=torch.long, device=dev)
     return SpecBatch(
         cache=t_cache, mask=t_mask, pending=last.clone(), group=groups.repeat_interleave(reps),
-        cand=torch.arange(reps, device=dev).repeat(p), key=torch.tensor(keys, dtype=torch.long, device=dev)
+        cand=torch.arange(reps, device=dev).repeat(p), rng_key=torch.tensor(rng_keys, dtype=torch.long, device=dev)
         .repeat_interleave(reps), length=torch.ones(b, dtype=torch.long, device=dev),
         limit=torch.tensor(limits, dtype=torch.long, device=dev).repeat_interleave(reps) + 1, tokens=tokens,
         alive=torch.ones(b, dtype=torch.bool, device=dev), logprob=torch.zeros(b, dtype=torch.float64, device=dev),
@@ -440,7 +440,7 @@ class SpeculativeSampler:
     def stats(self, group: int) -> dict:
         return self.tally.stats(group) if self.tally is not None else {}
 
-    def prefill(self, prompts: list[list[int]], n: int, keys: list[int], limits: list[int], first_group: int = 0
+    def prefill(self, prompts: list[list[int]], n: int, rng_keys: list[int], limits: list[int], first_group: int = 0
                 ) -> SpecBatch:
         """Prefill each prompt once in both models, repeat n times, sample every sequence's first token from the
         target. The prompts are groups first_group, first_group + 1, ... (the tally keeps every group's counts)."""
@@ -465,7 +465,7 @@ class SpeculativeSampler:
             cache=t.cache, mask=t.mask.repeat_interleave(n, 0),
             pending=torch.zeros(b, dtype=torch.long, device=dev), group=groups.repeat_interleave(n),
             cand=torch.arange(n, device=dev).repeat(p),
-            key=torch.tensor(keys, dtype=torch.long, device=dev).repeat_interleave(n),
+            rng_key=torch.tensor(rng_keys, dtype=torch.long, device=dev).repeat_interleave(n),
             length=torch.zeros(b, dtype=torch.long, device=dev),
             limit=torch.tensor(limits, dtype=torch.long, device=dev).repeat_interleave(n),
             tokens=torch.full((b, max(limits)), self.pad_id, dtype=torch.long, device=dev),
@@ -473,7 +473,7 @@ class SpeculativeSampler:
             t_in=torch.zeros(b, dtype=torch.long, device=dev), d_cache=d.cache, d_mask=d.mask.repeat_interleave(n, 0),
             d_in=torch.zeros(b, dtype=torch.long, device=dev), offset=0,
         )
-        u = uniforms(self.seed, batch.key, batch.cand, batch.length, STREAM_TOKEN)
+        u = uniforms(self.seed, batch.rng_key, batch.cand, batch.length, STREAM_TOKEN)
         first = logits.repeat_interleave(n, 0)  # [B, V]
         tok = next_tokens(first, self.warp, u)
         batch.append_pending(tok, token_logprobs(first[:, None], tok[:, None])[:, 0])
@@ -484,7 +484,7 @@ class SpeculativeSampler:
         step_speculative(self.target, self.draft, batch, self.gamma, self.warp, self.seed, self.eos, self.meter,
                          self.tally)
 
-    def done(self, batch: Batch) -> torch.Tensor:
+    def finished(self, batch: Batch) -> torch.Tensor:
         return batch.alive & (torch.isin(batch.pending, self.eos) | (batch.length >= batch.limit))
 
     def is_eos(self, tok: torch.Tensor) -> torch.Tensor:
@@ -519,7 +519,7 @@ def step_speculative(
         qs = []
         for i in range(g):
             q_i = warp_probs(logits, warp)  # [B, V]
-            u = uniforms(seed, batch.key, batch.cand, pos0 + 1 + i, STREAM_DRAFT)
+            u = uniforms(seed, batch.rng_key, batch.cand, pos0 + 1 + i, STREAM_DRAFT)
             drafts[:, i] = logits.argmax(-1) if warp.greedy else sample(q_i, u)
             qs.append(q_i)
             if i + 1 < g:
@@ -540,7 +540,7 @@ def step_speculative(
     if g > 0:
         p_d = p[:, :g].gather(-1, drafts[..., None])[..., 0]  # [B, G]
         q_d = q.gather(-1, drafts[..., None])[..., 0]  # [B, G]
-        u = uniforms(seed, batch.key[:, None], batch.cand[:, None], pos0[:, None] + 1 + torch.arange(g, device=dev),
+        u = uniforms(seed, batch.rng_key[:, None], batch.cand[:, None], pos0[:, None] + 1 + torch.arange(g, device=dev),
                      STREAM_ACCEPT)
         n = accept_count(p_d, q_d, u, gam)  # [B]
         q_next = q[ar, n.clamp(max=g - 1)]  # [B, V]
@@ -548,7 +548,7 @@ def step_speculative(
         n = torch.zeros(b, dtype=torch.long, device=dev)
         q_next = torch.zeros_like(p[:, 0])
     rejected = n < gam
-    u = uniforms(seed, batch.key, batch.cand, pos0 + 1 + n, STREAM_RESIDUAL)
+    u = uniforms(seed, batch.rng_key, batch.cand, pos0 + 1 + n, STREAM_RESIDUAL)
     if warp.greedy:
         nxt = logits[ar, n].argmax(-1)  # greedy: the recovered or bonus token is the target's argmax
     else:

@@ -49,7 +49,7 @@ class TargetSampler:
 
     # -- prefill -----------------------------------------------------------------------------------------------
     def prefill(
-        self, prompts: list[list[int]], n: int, keys: list[int], limits: list[int], first_group: int = 0
+        self, prompts: list[list[int]], n: int, rng_keys: list[int], limits: list[int], first_group: int = 0
     ) -> Batch:
         """Prefill each prompt once, share (or repeat) its cache across its n candidates, and sample every
         sequence's first token. The prompts are groups first_group, first_group + 1, ... of the batch."""
@@ -69,7 +69,7 @@ class TargetSampler:
             pending=torch.zeros(len(prompts) * n, dtype=torch.long, device=dev),
             group=groups.repeat_interleave(n),
             cand=torch.arange(n, device=dev).repeat(len(prompts)),
-            key=torch.tensor(keys, dtype=torch.long, device=dev).repeat_interleave(n),
+            rng_key=torch.tensor(rng_keys, dtype=torch.long, device=dev).repeat_interleave(n),
             length=torch.zeros(len(prompts) * n, dtype=torch.long, device=dev),
             limit=torch.tensor(limits, dtype=torch.long, device=dev).repeat_interleave(n),
             tokens=torch.full((len(prompts) * n, max(limits)), self.pad_id, dtype=torch.long, device=dev),
@@ -90,11 +90,11 @@ class TargetSampler:
     def _sample_into(self, batch: Batch, logits: torch.Tensor) -> None:
         """Sample each sequence's next token from `logits` [B, V] (warped), and record its log-probability under the
         unwarped logits (temperature 1): the `logprob` reward and the perplexity read it, no forward needed."""
-        u = uniforms(self.seed, batch.key, batch.cand, batch.length, STREAM_TOKEN)
+        u = uniforms(self.seed, batch.rng_key, batch.cand, batch.length, STREAM_TOKEN)
         tok = next_tokens(logits, self.warp, u)  # [B]
         batch.append_pending(tok, token_logprobs(logits[:, None], tok[:, None])[:, 0])
 
-    def done(self, batch: Batch) -> torch.Tensor:
+    def finished(self, batch: Batch) -> torch.Tensor:
         """[B] bool: alive sequences whose last token is EOS or that reached their limit."""
         return batch.alive & (torch.isin(batch.pending, self.eos) | (batch.length >= batch.limit))
 

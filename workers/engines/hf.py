@@ -5,7 +5,7 @@ says what a prompt's sequences may take in memory. `HfDecoder` is a candidate po
 (`workers.pool.decoder.Decoder`): one `Batch` decoded by the target sampler or the speculative sampler
 (`workers.decoding`), prompts joining it as memory frees (`admit`), rejected sequences dropped by selection.
 The draft/target methods that are not candidate pools (beam, MJSD, CDSL, CDLH) run on the same loaded models
-(`workers.methods`), in groups of prompts that fit in memory (`memory_groups`).
+(`workers.methods`), in chunks of prompts that fit in memory (`memory_chunks`).
 """
 
 from __future__ import annotations
@@ -131,14 +131,14 @@ class HfEngine:
         kv_tokens = None if params.kv_grows() else len(prompt.ids) + params.kv_space_candidates() * prompt.limit
         return self.sequences_need(prompt, params.candidates(), params, reward, kv_tokens)
 
-    def memory_groups(self, prompts: list[PromptInput], params: MethodParams, reward: Scorer | None = None,
+    def memory_chunks(self, prompts: list[PromptInput], params: MethodParams, reward: Scorer | None = None,
                       budget: int | None = None) -> list[list[int]]:
-        """The prompts' indices in consecutive groups that each fit in `budget` (default `self.budget()`); all of
-        them when they fit. A prompt that cannot fit alone raises `BatchTooLarge` before anything is allocated for
+        """The prompts' indices in consecutive chunks that each fit in `budget` (default `self.budget()`); all of
+        them when they fit (a *group* is one prompt's number in a pool; a chunk is several prompts). A prompt that cannot fit alone raises `BatchTooLarge` before anything is allocated for
         it. Splitting changes no sampled token (draws are keyed per prompt and candidate,
         `workers.decoding.sampling`), only how the batch is timed."""
         budget = self.budget() if budget is None else budget
-        groups: list[list[int]] = []
+        chunks: list[list[int]] = []
         used = budget + 1
         for i, prompt in enumerate(prompts):
             need = self.memory_need(prompt, params, reward)
@@ -151,15 +151,15 @@ class HfEngine:
                     "on a device with more memory"
                 )
             if used + need > budget:
-                groups.append([])
+                chunks.append([])
                 used = 0
-            groups[-1].append(i)
+            chunks[-1].append(i)
             used += need
-        return groups
+        return chunks
 
     def check(self, prompts: list[PromptInput], params: MethodParams, reward: Scorer | None = None) -> None:
         """Raise `BatchTooLarge` when one of the prompts cannot fit in memory alone."""
-        self.memory_groups(prompts, params, reward)
+        self.memory_chunks(prompts, params, reward)
 
     # -- decoding ----------------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -222,7 +222,7 @@ class HfDecoder:
         return batch_memory_need(rows, 0, 0, self.kv_bytes_per_token, self.vocab) + kv * self.kv_bytes_per_token
 
     def start(self, groups: list[int], prompts: list[PromptInput]) -> None:
-        new = self.sampler.prefill([p.ids for p in prompts], self.n, [p.key for p in prompts],
+        new = self.sampler.prefill([p.ids for p in prompts], self.n, [p.rng_key for p in prompts],
                                    [p.limit for p in prompts], first_group=groups[0])
         self.prompts.update(zip(groups, prompts))
         b = self.batch
@@ -246,12 +246,12 @@ class HfDecoder:
         return [Seq(key, t[:k], lp) for key, t, k, lp in zip(zip(group.tolist(), cand.tolist()), tokens.tolist(),
                                                             length.tolist(), logprob.tolist())]
 
-    def ended(self) -> list[Seq]:
+    def finished(self) -> list[Seq]:
         b = self.batch
         if b is None:
             return []
         out = []
-        done = self.sampler.done(b)
+        done = self.sampler.finished(b)
         if bool(done.any()):
             out = self._seqs(b, done.nonzero().flatten())
             b.alive &= ~done

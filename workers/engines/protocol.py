@@ -41,8 +41,8 @@ class Engine(Protocol):
     def check(self, prompts: list[PromptInput], params, reward: Scorer | None = None) -> None:
         """Raise before a call when one of its prompts cannot run on this engine alone (its memory)."""
 
-    def memory_groups(self, prompts: list[PromptInput], params, reward: Scorer | None = None) -> list[list[int]]:
-        """The prompts' indices in consecutive groups that each fit in memory, for the methods with a loop of their
+    def memory_chunks(self, prompts: list[PromptInput], params, reward: Scorer | None = None) -> list[list[int]]:
+        """The prompts' indices in consecutive chunks that each fit in memory, for the methods with a loop of their
         own (beam, MJSD, CDSL, CDLH), which run on an engine that loads the models here."""
 
     def synchronize(self) -> None:

@@ -184,7 +184,7 @@ class VllmEngine:
     def decoder(self, ctx: Context, params: MethodParams, reward: Scorer | None = None) -> "VllmDecoder":
         return VllmDecoder(self, ctx, params)
 
-    def memory_groups(self, prompts: list[PromptInput], params: MethodParams, reward: Scorer | None = None
+    def memory_chunks(self, prompts: list[PromptInput], params: MethodParams, reward: Scorer | None = None
                       ) -> list[list[int]]:
         raise NotImplementedError(f"method {params.name!r} runs on engine 'hf' only (validation refuses it here)")
 
@@ -214,7 +214,7 @@ class VllmDecoder:
         self.counted: dict[Key, int] = {}  # target tokens counted for a running sequence, step by step
         self.exact: dict[Key, int] = {}  # its exact target tokens from the outputs that came
         self.stepped: set[Key] = set()  # sequences that had their first (prefill) step
-        self.done: list[Seq] = []  # ended since the last `ended`
+        self.done: list[Seq] = []  # finished since the last `finished`
 
     def rid(self, key: Key) -> str:
         return f"{self.pool_id}:{key[0]}:{key[1]}"
@@ -245,7 +245,7 @@ class VllmDecoder:
             # each sampled token's own log-probability, before temperature and top-p (raw_logprobs), summed by the
             # engine as cumulative_logprob; flat lists, not a dict per token (fewer Python objects per step)
             logprobs=0, flat_logprobs=True,
-            seed=candidate_seed(self.ctx.seed, prompt.key, index) if s.temperature > 0 else None,
+            seed=candidate_seed(self.ctx.seed, prompt.rng_key, index) if s.temperature > 0 else None,
         )
 
     def start(self, groups: list[int], prompts: list[PromptInput]) -> None:
@@ -291,7 +291,7 @@ class VllmDecoder:
         self.ctx.meter.settle("target", key[0], self.exact.pop(key) - self.counted.pop(key))
         self.stepped.discard(key)
 
-    def ended(self) -> list[Seq]:
+    def finished(self) -> list[Seq]:
         out, self.done = sorted(self.done), []  # in key order, whatever order the engine's outputs came in
         return out
 

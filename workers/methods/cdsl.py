@@ -173,7 +173,7 @@ def step_cdsl(
     qs = []
     for i in range(d):
         q_i = warp_probs(logits, warp)  # [B, V]
-        u = uniforms(ctx.seed, batch.key, batch.cand, pos0 + 1 + i, STREAM_DRAFT)
+        u = uniforms(ctx.seed, batch.rng_key, batch.cand, pos0 + 1 + i, STREAM_DRAFT)
         x[:, i] = logits.argmax(-1) if warp.greedy else sample(q_i, u)
         qs.append(q_i)
         if i + 1 < d:
@@ -190,7 +190,7 @@ def step_cdsl(
         q = torch.stack(qs, 1)
         p_d = p.gather(-1, x[..., None])[..., 0]
         q_d = q.gather(-1, x[..., None])[..., 0]
-        u = uniforms(ctx.seed, batch.key[:, None], batch.cand[:, None], pos0[:, None] + 1 + torch.arange(d, device=dev),
+        u = uniforms(ctx.seed, batch.rng_key[:, None], batch.cand[:, None], pos0[:, None] + 1 + torch.arange(d, device=dev),
                      STREAM_ACCEPT)
         ok = u.to(p_d.dtype) * q_d < p_d
     n = ok.long().cumprod(-1).sum(-1) * active  # [B]

@@ -27,7 +27,7 @@ def decode_batch(ctx: Context, prompts: list[PromptInput], draft, step: Callable
     sequences the last harvest kept (None when none finished), for state a method keeps outside `batch`."""
     eos = eos_tensor(ctx)
     tally = DecodeTally(len(prompts))
-    batch = open_batch(ctx.target, draft, [p.ids for p in prompts], [p.key for p in prompts],
+    batch = open_batch(ctx.target, draft, [p.ids for p in prompts], [p.rng_key for p in prompts],
                      [p.limit for p in prompts], ctx.pad_id, ctx.meter, tally)
     out: dict[int, list[int]] = {}
     while True:

@@ -85,7 +85,7 @@ def beam_draft(
         unique to the iteration (the pending index grows every iteration), so no draw is reused by a later one."""
         if warp.greedy:
             return None
-        return uniforms(seed, batch.key[:, None], cand_ids[None, :], (pos0 * (stride or g) + step)[:, None],
+        return uniforms(seed, batch.rng_key[:, None], cand_ids[None, :], (pos0 * (stride or g) + step)[:, None],
                         STREAM_BEAM)
 
     # step 1: only beam 0 is live
@@ -167,7 +167,7 @@ def step_mjsd(
     j_star = mjsd_accept(logp_joint, logq_joint, eligible, tau)  # [B]
 
     nxt_logits = logits[ar, j_star]  # [B, V] the target at position j + 1
-    u = uniforms(seed, batch.key, batch.cand, pos0 + 1 + j_star, STREAM_TOKEN)
+    u = uniforms(seed, batch.rng_key, batch.cand, pos0 + 1 + j_star, STREAM_TOKEN)
     nxt = nxt_logits.argmax(-1) if warp.greedy else sample(warp_probs(nxt_logits, warp), u)
     block = torch.cat([x, x.new_zeros(b, 1)], 1)
     block[ar, j_star] = nxt

@@ -43,12 +43,12 @@ class Decoder(Protocol):
 
     def start(self, groups: list[int], prompts: list[PromptInput]) -> None:
         """Start n candidates of each prompt, numbered `groups` (consecutive). A candidate may end at its first
-        token; it is reported by the next `ended`."""
+        token; it is reported by the next `finished`."""
 
     def step(self) -> None:
         """One decoding step of every running sequence."""
 
-    def ended(self) -> list[Seq]:
+    def finished(self) -> list[Seq]:
         """The sequences that finished (EOS, or their token limit) since the last call, in key order; they no longer
         run."""
 

@@ -138,7 +138,7 @@ class Loop:
         pool, meter = self.pool, self.meter
         pool.step()
         meter.tick()
-        ended = pool.complete(sorted(set().union(*(c.pending for c in self.calls))))
+        ended = pool.ended(sorted(set().union(*(c.pending for c in self.calls))))
         if not ended:
             return
         meter.tick()  # their final scoring is theirs

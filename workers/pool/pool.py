@@ -4,7 +4,7 @@ prompt, on either engine.
 A `Pool` holds every prompt in flight: its n candidates (running on a decoder, `workers.pool.decoder`, or ended),
 their partial rewards and its decisions. One turn (`Pool.step`) starts the waiting prompts that fit, takes the
 sequences that ended, holds a rejection round where the schedule calls one (`workers.pool.schedules`) and steps the
-decoder; `Pool.complete` gives the prompts whose candidates have all ended their final rewards, and `Pool.result`
+decoder; `Pool.ended` gives the prompts whose candidates have all ended their final rewards, and `Pool.result`
 makes a prompt's answer (eq. 6: the finished candidate with the highest final reward) and stats. Best-of-N is the
 same pool with no decision tokens; greedy, nucleus and speculative decoding are pools of one candidate, whose answer
 is that candidate.
@@ -149,7 +149,7 @@ class Pool:
         return bool(take)
 
     def _harvest(self) -> None:
-        for (g, c), tokens, logprob in self.decoder.ended():
+        for (g, c), tokens, logprob in self.decoder.finished():
             state = self.prompts[g]
             state.candidates[c] = Candidate(tokens, self.ctx.finish_reason(tokens), logprob=logprob)
             state.unscored.append(c)
@@ -205,7 +205,7 @@ class Pool:
         return counts
 
     # -- prompts whose candidates have all ended -------------------------------------------------------------------
-    def complete(self, groups: Sequence[int]) -> list[int]:
+    def ended(self, groups: Sequence[int]) -> list[int]:
         """The prompts among `groups` whose every candidate has ended, with their final rewards given (one scoring
         call for all of them; their candidates leave the reward session)."""
         ended = [g for g in sorted(groups) if self.prompts[g].ended]
@@ -247,5 +247,5 @@ def decode(pool: Pool, prompts: list[PromptInput]) -> list[MethodResult]:
     groups = pool.add(prompts)
     while pool.step():
         pass
-    pool.complete(groups)
+    pool.ended(groups)
     return [pool.result(g) for g in groups]
