@@ -13,7 +13,6 @@ from workers.decoding.batch import forward, left_pad
 from workers.decoding.kvcache import model_kv_bytes
 from workers.decoding.sampling import Warp
 from workers.decoding.target import TargetSampler
-from workers.pool.schedules import cut_value, rejection_cut
 
 BON8 = {"name": "best_of_n", "n": 8}
 
@@ -96,36 +95,6 @@ def test_speculative_rejection_cuts_the_lowest_alpha_fraction(items):
         assert best.reward == max(c.reward for c in res.candidates if c.reward is not None)
 
 
-def test_cut_value_is_the_lower_order_statistic():
-    assert cut_value([3.0, 1.0, 2.0, 4.0], 0.0) == 1.0
-    assert cut_value([3.0, 1.0, 2.0, 4.0], 0.5) == 3.0  # floor(0.5*4) = 2 values strictly below
-    assert cut_value([1.0, 2.0], 0.5) == 2.0
-    assert cut_value([5.0], 0.9) == 5.0
-
-
-def test_rejection_cut_keeps_the_running_candidates_at_or_above_the_cut():
-    scores = [0.3, 0.1, 0.4, 0.2]
-    assert rejection_cut(scores, [], 0.0) == [0, 1, 2, 3]  # alpha = 0 keeps every candidate
-    assert rejection_cut(scores, [], 0.5) == [0, 2]  # floor(0.5 * 4) = 2 strictly below the cut are dropped
-    assert rejection_cut(scores, [], 0.25) == [0, 2, 3]  # floor(0.25 * 4) = 1
-    assert rejection_cut(scores, [], 0.99) == [2]  # floor(0.99 * 4) = 3
-    # ties at the cut are kept: the cut is the 3rd smallest (0.2), which three candidates share
-    assert rejection_cut([0.1, 0.2, 0.2, 0.2, 0.5], [], 0.5) == [1, 2, 3, 4]
-    assert rejection_cut([0.7, 0.7, 0.7], [], 0.9) == [0, 1, 2]
-
-
-def test_rejection_cut_counts_finished_candidates_but_never_keeps_or_drops_them():
-    running = [0.1, 0.2, 0.3]
-    # alone: b = 3, floor(0.5 * 3) = 1 below the cut, the cut is the 2nd smallest (0.2)
-    assert rejection_cut(running, [], 0.5) == [1, 2]
-    # with two finished above them: b = 5, floor(0.5 * 5) = 2 below, the cut is the 3rd smallest (0.3)
-    assert rejection_cut(running, [0.9, 0.95], 0.5) == [2]
-    # with two finished below them: {0.0, 0.0, 0.1, 0.2, 0.3}, the cut is 0.1 and every running candidate stays
-    assert rejection_cut(running, [0.0, 0.0], 0.5) == [0, 1, 2]
-    # the indices are those of the running candidates only; with nothing running there is nothing to keep
-    assert rejection_cut([], [0.5, 0.6], 0.5) == []
-
-
 def test_sequence_selection_keeps_the_cache_exact(items):
     runner = trio()
     prompts = trio_prompts(items[:3])
@@ -165,32 +134,6 @@ def test_kv_bytes_per_token_from_config():
                       num_attention_heads=8, num_key_value_heads=2, head_dim=16)
     model = LlamaForCausalLM(cfg).to(torch.bfloat16)
     assert model_kv_bytes(model) == 2 * 3 * 2 * 16 * 2
-
-
-@pytest.mark.parametrize("memory_candidates", [1, 2])
-def test_memory_schedule_decides_when_a_prompts_cache_would_pass_its_space(items, memory_candidates):
-    """A prompt's first decision comes at the first length d where its running candidates' cache (the prompt once,
-    each response with the next token) would pass the space of `memory_candidates` candidates at full length."""
-    n, kv = 8, model_kv_bytes(trio().engine.target)
-    method = {"name": "speculative_rejection", "n": n, "alpha": 0.5, "memory_candidates": memory_candidates}
-    prompts, results, _ = run_trio(method, items)
-    decided = []
-    for p, res in zip(prompts, results):
-        space = (len(p.ids) + memory_candidates * p.limit) * kv
-        assert res.stats["kv_space_bytes"] == space
-
-        def held(t: int) -> int:  # the cache after the next token, when the responses are t tokens long
-            running = [c for c in res.candidates if len(c.tokens) > t or (len(c.tokens) == t and c.partial_rewards
-                                                                          and c.finish_reason == "rejected")]
-            return (len(p.ids) + len(running) * (t + 1)) * kv
-
-        if res.stats["decision_tokens"]:
-            d = res.stats["decision_tokens"][0]
-            assert held(d) > space >= max(held(t) for t in range(1, d))
-            decided.append(d)
-        else:  # its candidates ended before they would have passed its space
-            assert all(held(t) <= space for t in range(1, max(len(c.tokens) for c in res.candidates) + 1))
-    assert decided, "no prompt decided: the test proves nothing"
 
 
 def test_left_pad_and_positions():
@@ -264,30 +207,6 @@ def test_a_pools_perplexity_and_logprob_come_from_its_decoding_and_equal_a_scori
     assert int(meter.tokens["reward"].sum()) == 0 and int(meter.forwards["reward"].sum()) == 0
 
 
-def test_memory_budget_is_the_free_memory_share_capped_by_memory_budget_mb(monkeypatch):
-    from schemas.methods import SpeculativeRejection
-    from tests.trio_helpers import trio_context
-    from workers.accounting import memory
-    from workers.engines.hf import HfDecoder
-    from workers.pool.schedules import memory_budget
-
-    sr = {"name": "speculative_rejection"}
-    decoder = HfDecoder(trio_context(Meter(1)), 4)
-    real = memory_budget(SpeculativeRejection(**sr), decoder.kv_space())  # the host's own memory on CPU
-    assert isinstance(real, int) and 0 < real < 2**62
-    gib = 2**30
-    monkeypatch.setattr(memory, "host_available_bytes", lambda: 10 * gib)
-    space = decoder.kv_space()
-    assert memory_budget(SpeculativeRejection(**sr), space) == int(0.8 * 10 * gib)
-    assert memory_budget(SpeculativeRejection(**sr, memory_fraction=0.5), space) == 5 * gib
-    assert memory_budget(SpeculativeRejection(**sr, memory_budget_mb=100), space) == 100 * 2**20
-    assert memory_budget(SpeculativeRejection(**sr, memory_budget_mb=10**6), space) == 8 * gib
-    monkeypatch.setattr(memory, "host_available_bytes", lambda: None)
-    with pytest.raises(ValueError, match="method.memory_budget_mb"):
-        memory_budget(SpeculativeRejection(**sr), decoder.kv_space())
-    assert memory_budget(SpeculativeRejection(**sr, memory_budget_mb=2), decoder.kv_space()) == 2 * 2**20
-
-
 def test_host_memory_falls_back_to_sysconf_without_proc_meminfo(monkeypatch):
     from workers.accounting import memory
 
@@ -308,23 +227,6 @@ def test_host_memory_falls_back_to_sysconf_without_proc_meminfo(monkeypatch):
     assert memory.host_available_bytes() == 1000 * 4096
     pages.clear()  # sysconf knows neither name either
     assert memory.host_available_bytes() is None
-
-
-def test_the_memory_schedule_records_its_budget_and_runs_on_cpu_without_one(items):
-    from schemas.rows import STATS_FIELDS
-
-    assert "kv_space_bytes" in STATS_FIELDS
-    gen = {"max_new_tokens": 8}
-    kv = model_kv_bytes(trio().engine.target)
-    # a pool's space smaller than a prompt's (4 candidates, 1 at full length: about 30 x 2 KiB) bounds it
-    prompts, capped, _ = run_trio({"name": "speculative_rejection", "n": 4, "memory_budget_mb": 0.02}, items[:2], gen)
-    assert [r.stats["kv_space_bytes"] for r in capped] == [int(0.02 * 2**20)] * 2
-    assert all((len(p.ids) + 8) * kv > 0.02 * 2**20 for p in prompts)
-    prompts, minimal, _ = run_trio({"name": "speculative_rejection", "n": 4}, items[:2], gen)  # nothing configured
-    for p, r in zip(prompts, minimal):
-        assert r.stats["kv_space_bytes"] == (len(p.ids) + 1 * 8) * kv and r.best_index is not None
-    _, fixed, _ = run_trio({"name": "speculative_rejection", "n": 4, "schedule": "fixed"}, items[:2], gen)
-    assert all("kv_space_bytes" not in r.stats for r in fixed)  # null in the output row
 
 
 def test_unknown_context_length_warns_once_and_skips_only_that_check(monkeypatch, caplog):

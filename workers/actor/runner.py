@@ -1,5 +1,9 @@
 """Turns a batch of prompts into output rows: what one Ray actor does with each call.
 
+Where the worker side begins: the Ray actor is `pipeline.job.GenerateBatch`, the callable Ray Data's
+`map_batches` runs on an actor pool; it builds one `Runner` when the actor starts and calls `Runner.run` with each
+batch's prompts. Everything below it is here and in the rooms of `workers/`, with no Ray in it.
+
 `Runner(config)` is the wiring of one actor: the engine of `models.engine` (`workers.engines`: hf loads the target
 and draft with transformers, vllm builds one vLLM engine), the reward, and the method with its own parameters.
 `Runner.run(items)` takes prompts as dicts with `prompt_id`, `prompt` (chat messages) and optionally `concepts`, and
