@@ -126,3 +126,29 @@ def test_the_rooms_checker_sees_an_import_running_back_up(tmp_path, monkeypatch)
 @pytest.mark.parametrize("package", sorted(FLOORS))
 def test_each_floor_package_exists(package):
     assert (ROOT / package / "__init__.py").is_file()
+
+
+def glossary_table(heading: str) -> list[tuple[str, str]]:
+    """(first cell, second cell) of each row of the first Markdown table after `heading` in docs/glossary.md."""
+    lines = (ROOT / "docs" / "glossary.md").read_text().split(heading, 1)[1].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    table = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.split("|")[1:3]]
+        table.append((cells[0], cells[1]))
+    return table
+
+
+def test_the_glossary_states_the_floors_and_rooms_this_test_holds():
+    """docs/glossary.md is where a newcomer reads the floors: its tables name exactly the packages and rooms here."""
+    floors: dict[str, float | str] = {}
+    for floor, packages in glossary_table("## Floors"):
+        for name in packages.replace("`", "").replace("/", "").split(","):
+            floors[name.strip()] = floor if floor == "aside" else float(floor)
+    assert floors == {**{k: float(v) for k, v in FLOORS.items()}, **{k: "aside" for k in ASIDE}}
+    rooms = set()
+    for cell, _ in glossary_table("room by room"):
+        rooms |= {n.strip().strip("`").removesuffix("/").removesuffix(".py") for n in cell.split(",")}
+    assert rooms == set(WORKER_ROOMS)
