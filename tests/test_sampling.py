@@ -8,7 +8,7 @@ from scipy import stats
 
 import workers.decoding.sampling as sampling
 from workers.decoding.sampling import (
-    STREAM_ACCEPT, STREAM_TOKEN, Warp, prompt_key, sample, splitmix64, uniforms, warp_probs,
+    STREAM_ACCEPT, STREAM_TOKEN, Warp, next_tokens, prompt_key, sample, splitmix64, uniforms, warp_probs,
 )
 
 
@@ -225,3 +225,23 @@ def test_sampled_law_at_a_large_vocabulary_is_the_warped_distribution():
     wrong = expected.copy()
     wrong[top2.numpy()] = wrong[top2.flip(0).numpy()]  # the two most likely tokens' probabilities swapped
     assert stats.chisquare(observed, wrong * n / wrong.sum()).pvalue < 1e-6
+
+
+@pytest.mark.parametrize("warp, vocab", [(Warp(1.0), 40000), (Warp(0.7), 40000), (Warp(1.0, top_k=5), 40000),
+                                         (Warp(1.0, top_p=0.8), 40000), (Warp(0.0), 40000), (Warp(1000.0), 100)])
+def test_the_sampled_tokens_logprob_is_its_unwarped_log_softmax_whatever_the_warp(warp, vocab):
+    """The decoding step's log-probability of each sampled token (the logprob reward, the perplexity) is read from
+    the softmax the draw was taken from under the identity warp, from a softmax of the raw logits otherwise, and
+    from the log-sum-exp where a hot warp samples a token whose raw probability underflows float32."""
+    from workers.decoding.sampling import next_tokens_and_logprobs
+
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(64, vocab, generator=gen) * 3
+    logits[:, :40] = -200.0  # e^-200 of the mass: 0 in float32 at temperature 1, sampled only under a hot warp
+    u = torch.rand(64, generator=gen, dtype=torch.float64)
+    tok, logp = next_tokens_and_logprobs(logits, warp, u)
+    assert torch.equal(tok, next_tokens(logits, warp, u))
+    want = logits.gather(-1, tok[:, None])[:, 0].double() - torch.logsumexp(logits.double(), -1)
+    torch.testing.assert_close(logp.double(), want, atol=2e-5, rtol=1e-5)
+    if warp.temperature == 1000.0:
+        assert (tok < 40).any()  # the fallback rows were exercised

@@ -301,8 +301,42 @@ def sample(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 def next_tokens(logits: torch.Tensor, warp: Warp, u: torch.Tensor) -> torch.Tensor:
     """Sample (or argmax) one token from each of the B distributions of logits [B, V]: sample(warp_probs(logits,
     warp), u), with the warped probabilities of a large batch in a reused buffer on the CPU (`_scratch`)."""
+    return next_tokens_and_logprobs(logits, warp, u, logprobs=False)[0]
+
+
+def _gathered_logprobs(probs: torch.Tensor, logits: torch.Tensor, tok: torch.Tensor) -> torch.Tensor:
+    """log p(tok) [B] float32 from the temperature-1 softmax `probs` [B, V] of `logits`; a row whose gathered
+    probability underflowed to 0 (a token below float32's range, which only a hot warp samples) is taken from the
+    log-sum-exp of its logits instead."""
+    lp = probs.gather(-1, tok[:, None])[:, 0].log()
+    low = ~torch.isfinite(lp)
+    if bool(low.any()):
+        rows = low.nonzero()[:, 0]
+        x = logits[rows].float()
+        lp[rows] = x.gather(-1, tok[rows, None])[:, 0] - torch.logsumexp(x, -1)
+    return lp
+
+
+def next_tokens_and_logprobs(logits: torch.Tensor, warp: Warp, u: torch.Tensor, logprobs: bool = True
+                             ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`next_tokens`, and each sampled token's log-probability under the unwarped logits (temperature 1) [B] float32
+    (None without `logprobs`). Under the identity warp (temperature 1, no top-k, no top-p) the probabilities the
+    draw was taken from are those, and the log-probability is read from them; otherwise from a softmax of the
+    logits into a reused buffer: either costs a fraction of a log-sum-exp over the vocabulary (whose CPU kernel
+    takes three passes)."""
     if warp.greedy:
-        return logits.argmax(-1)
+        tok = logits.argmax(-1)
+        if not logprobs:
+            return tok, None
+        x = logits.float()
+        return tok, x.gather(-1, tok[:, None])[:, 0] - torch.logsumexp(x, -1)
     logits = logits.float()
     big = logits.device.type == "cpu" and logits.numel() >= _OUT_MIN_NUMEL
-    return sample(_warp_into(logits, warp, _scratch(*logits.shape) if big else _out_buffer(logits)), u)
+    probs = _warp_into(logits, warp, _scratch(*logits.shape) if big else _out_buffer(logits))
+    tok = sample(probs, u)
+    if not logprobs:
+        return tok, None
+    identity = warp.temperature == 1.0 and not (warp.top_k and warp.top_k < logits.shape[-1]) and warp.top_p >= 1.0
+    if not identity:
+        probs = _softmax_into(logits, _out_buffer(logits) if not big else _scratch(*logits.shape))
+    return tok, _gathered_logprobs(probs, logits, tok)

@@ -44,7 +44,15 @@ from workers.decoding.batch import Batch, left_pad, position_ids
 from workers.decoding.kvcache import cache_kw, crop_right, fork_cache, model_kv_bytes, new_cache, pack, pack_threshold
 from workers.decoding.logprobs import token_logprobs
 from workers.decoding.sampling import (
-    STREAM_ACCEPT, STREAM_DRAFT, STREAM_RESIDUAL, STREAM_TOKEN, Warp, next_tokens, sample, uniforms, warp_probs,
+    STREAM_ACCEPT,
+    STREAM_DRAFT,
+    STREAM_RESIDUAL,
+    STREAM_TOKEN,
+    Warp,
+    next_tokens_and_logprobs,
+    sample,
+    uniforms,
+    warp_probs,
 )
 
 # workers.decoding.sampling uses streams 0-3 of its 8; MJSD's beam sampling draws its Gumbel noise from stream 4.
@@ -475,8 +483,8 @@ class SpeculativeSampler:
         )
         u = uniforms(self.seed, batch.rng_key, batch.cand, batch.length, STREAM_TOKEN)
         first = logits.repeat_interleave(n, 0)  # [B, V]
-        tok = next_tokens(first, self.warp, u)
-        batch.append_pending(tok, token_logprobs(first[:, None], tok[:, None])[:, 0])
+        tok, logp = next_tokens_and_logprobs(first, self.warp, u)
+        batch.append_pending(tok, logp)
         self.tally.add("generated", batch.group, torch.ones_like(batch.group))
         return batch
 

@@ -13,8 +13,7 @@ import torch
 from workers.accounting.cost import Meter
 from workers.decoding.batch import Batch, forward, left_pad
 from workers.decoding.kvcache import model_kv_bytes, new_cache
-from workers.decoding.logprobs import token_logprobs
-from workers.decoding.sampling import STREAM_TOKEN, Warp, next_tokens, uniforms
+from workers.decoding.sampling import STREAM_TOKEN, Warp, next_tokens_and_logprobs, uniforms
 from workers.decoding.shared_prefix import share
 
 
@@ -91,8 +90,8 @@ class TargetSampler:
         """Sample each sequence's next token from `logits` [B, V] (warped), and record its log-probability under the
         unwarped logits (temperature 1): the `logprob` reward and the perplexity read it, no forward needed."""
         u = uniforms(self.seed, batch.rng_key, batch.cand, batch.length, STREAM_TOKEN)
-        tok = next_tokens(logits, self.warp, u)  # [B]
-        batch.append_pending(tok, token_logprobs(logits[:, None], tok[:, None])[:, 0])
+        tok, logp = next_tokens_and_logprobs(logits, self.warp, u)  # [B], [B]
+        batch.append_pending(tok, logp)
 
     def finished(self, batch: Batch) -> torch.Tensor:
         """[B] bool: alive sequences whose last token is EOS or that reached their limit."""
