@@ -94,7 +94,12 @@ def _execute(plan, ours: bool) -> int:
     from pipeline.raydata import short_error
 
     import ray
+    from pipeline.cluster import check_room
 
+    try:  # a node must hold one actor, or an autoscaler add one in time; nothing is written before
+        check_room(plan.config, log=lambda line: print(f"{PROG}: {line}", flush=True))
+    except InputError as err:
+        return config_args.report(PROG, err)
     try:
         staged = None if plan.reuses_prompts else job.stage_prompts(plan)
     except InputError as err:

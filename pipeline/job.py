@@ -19,9 +19,11 @@ The pipeline (`run`) is
 
     read_parquet(prompts/) -> [CheckpointFilter] -> map_batches(GenerateBatch, actor pool) -> write_parquet
 
-Each actor of the pool holds one `GenerateBatch`, which loads the draft/target/reward trio once
-(`workers.actor.runner.Runner`) and turns each batch of prompts into output rows, one per prompt, in order; a prompt
-whose `input_error` is set becomes an error row without reaching the engine. Exactly once comes from Ray Data's
+The prompts are read in blocks of about two calls' prompts (`read_blocks`), each what one actor is handed at a time,
+and the pool is `resources.workers` actors or an elastic `{min, max}` (`actor_pool`). Each actor of the pool holds one
+`GenerateBatch`, which loads the draft/target/reward trio once (`workers.actor.runner.Runner`) and turns each batch of
+prompts into output rows, one per prompt, in order; a prompt whose `input_error` is set becomes an error row without
+reaching the engine. Exactly once comes from Ray Data's
 checkpointing (`ray.data.checkpoint.CheckpointConfig`, keyed on ``prompt_id``): each write task first records its
 prompt_ids in ``_checkpoint/<file>.pending.parquet``, then writes its data file, then renames the checkpoint to
 ``<file>.parquet``. A later run first deletes the data files of pending checkpoints (a write cut short by a crash),
@@ -31,6 +33,7 @@ committed, and is generated again otherwise.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -87,7 +90,9 @@ class Plan:
 
 
 @dataclass
-class Outcome:
+class RunEnd:
+    """How a run ended (`execute`): its status and error, the folder's tally, the rows it wrote and its seconds."""
+
     status: str  # succeeded | failed | interrupted
     error: str | None
     tally: Tally
@@ -148,7 +153,7 @@ def stage_prompts(plan: Plan) -> StagedPrompts:
     return StagedPrompts(path, rows)
 
 
-def execute(plan: Plan, staged: StagedPrompts | None, log: Callable[[str], None] = print) -> Outcome:
+def execute(plan: Plan, staged: StagedPrompts | None, log: Callable[[str], None] = print) -> RunEnd:
     """Step 3: write, run and check. `staged` is the prompt set from `stage_prompts`, or None when the folder's own
     is reused. Checkpoint commits that an earlier run left half done are settled first
     (`runfolder.folder.settle_checkpoints`, logged), so Ray Data's recovery never deletes a committed data file. A
@@ -183,7 +188,7 @@ def execute(plan: Plan, staged: StagedPrompts | None, log: Callable[[str], None]
         + ("; nothing left to generate" if done else ""))
     started = time.monotonic()
 
-    def ended(status: str, error: str | None = None, t: Tally | None = None) -> Outcome:
+    def ended(status: str, error: str | None = None, t: Tally | None = None) -> RunEnd:
         """Count, rewrite the manifest and say how the run ended. The store may be what failed (an S3 outage): then
         the run fails with that said, and the manifest keeps saying `running`, which the next run resumes from."""
         try:
@@ -195,12 +200,12 @@ def execute(plan: Plan, staged: StagedPrompts | None, log: Callable[[str], None]
             status = "failed" if status == "succeeded" else status
             error = f"{error}; {why}" if error else why
             t = t if t is not None else Tally()
-        return Outcome(status, error, t, t.rows - before, time.monotonic() - started)
+        return RunEnd(status, error, t, t.rows - before, time.monotonic() - started)
 
     try:
         if not done:
             with native_noise_dropped():
-                run(config, folder)
+                run(config, folder, prompts=len(expected))
     except KeyboardInterrupt:
         return ended("interrupted", "interrupted")
     except Exception as err:  # a failed batch: the engine raised, an actor died (named with its node and batch), ...
@@ -227,9 +232,28 @@ def checkpoint_config(folder: RunFolder) -> CheckpointConfig:
     )
 
 
-def run(config: JobConfig, folder: RunFolder) -> None:
-    """Generate every prompt of the folder's prompt set not yet written; raises if any batch fails."""
+# A Ray Data task of the actor pool takes one block of prompts and runs its calls one after another on one actor; each
+# call's rows are committed as one data file. The block is the unit an actor is handed: a prompt set read as one block
+# (Ray Data sizes read blocks by bytes, and a few thousand prompts make one) runs on one actor however many the pool
+# holds, and a node that joins mid-run gets no work. So the prompts are read in blocks of about CALLS_PER_BLOCK calls
+# (at least that many, so that a call never spans two blocks, whose order of arrival Ray does not fix), and at most
+# MAX_BLOCKS of them.
+CALLS_PER_BLOCK = 2
+MAX_BLOCKS = 4096
+
+
+def read_blocks(prompts: int, prompts_per_batch: int) -> int:
+    """The blocks the prompt set is read in: each of at least `CALLS_PER_BLOCK` calls' prompts where there are that
+    many, at least one block, at most MAX_BLOCKS."""
+    return max(1, min(MAX_BLOCKS, prompts // (prompts_per_batch * CALLS_PER_BLOCK)))
+
+
+def run(config: JobConfig, folder: RunFolder, prompts: int | None = None) -> None:
+    """Generate every prompt of the folder's prompt set not yet written; raises if any batch fails. `prompts`: the
+    size of the prompt set (read from the folder when not given), which sets the blocks it is read in."""
     r = config.resources
+    if prompts is None:
+        prompts = len(folder.read_prompt_ids())
     with data_context(
         checkpoint_config=checkpoint_config(folder),
         # The V2 Parquet reader adds a ListFiles task that always asks for a whole CPU; with an actor pool holding
@@ -239,7 +263,8 @@ def run(config: JobConfig, folder: RunFolder) -> None:
         max_errored_blocks=0,  # a batch that still fails fails the job
     ):
         fs = folder.arrow_fs()
-        ds = ray.data.read_parquet(folder.prompts_url(), filesystem=fs, num_cpus=0)
+        ds = ray.data.read_parquet(folder.prompts_url(), filesystem=fs, num_cpus=0,
+                                   override_num_blocks=read_blocks(prompts, r.prompts_per_batch))
         with own_deprecations():
             ds = ds.map_batches(
                 GenerateBatch,
@@ -406,6 +431,8 @@ def summary_table(t: Tally, config: JobConfig, new_rows: int, seconds: float) ->
         f"(every candidate's, rejected ones included); all tokens processed = {tokens} (target {cost.target_tokens}"
         f" + draft {cost.draft_tokens} + reward {cost.reward_tokens}, prefill and scoring included); USD at "
         f"{config.cost.usd_per_device_hour:g}/device-hour"
+        + (f"; {t.decoding_steps:.0f} decoding steps at a mean width of {t.mean_width():.1f} sequences"
+           if t.mean_width() is not None else "")
         + (f"; {t.rows_without_cost} row(s) have no cost and are left out of these totals"
            if t.rows_without_cost else "")
         + (f"; {t.reward_inputs_truncated} reward input(s) were longer than the reward model's context and were "
