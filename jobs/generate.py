@@ -94,10 +94,12 @@ def _execute(plan, ours: bool) -> int:
     from pipeline.raydata import short_error
 
     import ray
-    from pipeline.cluster import check_room
+    from pipeline.cluster import check_room, check_share
 
-    try:  # a node must hold one actor, or an autoscaler add one in time; nothing is written before
-        check_room(plan.config, log=lambda line: print(f"{PROG}: {line}", flush=True))
+    try:  # a node must hold one actor, or an autoscaler add one in time, and its models fit its share of a GPU
+        say = lambda line: print(f"{PROG}: {line}", flush=True)  # noqa: E731
+        check_room(plan.config, log=say)
+        check_share(plan.config, log=say)
     except InputError as err:
         return config_args.report(PROG, err)
     try:

@@ -325,6 +325,86 @@ def check_room(config: JobConfig, log: Callable[[str], None] = print, *,
     return _said(Room(fit, alive), r, log)
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# Actors that share a GPU (resources.gpus_per_worker below 1)
+
+SHARE_USABLE = 0.9  # of an actor's share of a GPU, what its models and caches may fill (vLLM's own default)
+WEIGHT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "auto": 2}  # on a GPU, auto is a 16-bit dtype
+
+
+def share_problems(config: JobConfig, device_bytes: int, device: str, parameters: dict[str, int | None]) -> list[str]:
+    """Why the job's models cannot fit an actor's share of a GPU (resources.gpus_per_worker below 1: Ray packs
+    1 / gpus_per_worker actors on a device), or []: their weights alone, at models.dtype on a GPU, must leave room
+    in SHARE_USABLE of the share (the engines then size their KV space to the rest: workers.accounting.memory)."""
+    share = config.resources.gpus_per_worker
+    if not 0 < share < 1:
+        return []
+    per = WEIGHT_BYTES[config.models.dtype]
+    weights = {role: count * per for role, count in parameters.items() if count}
+    room = share * device_bytes * SHARE_USABLE
+    need = sum(weights.values())
+    if need < room:
+        return []
+    gib = 2**30
+    parts = ", ".join(f"{role} {b / gib:.1f} GiB" for role, b in weights.items())
+    least = need / (device_bytes * SHARE_USABLE)
+    return [f"resources.gpus_per_worker: {share:g} of a GPU ({device}, {device_bytes / gib:.1f} GiB) gives an actor "
+            f"{room / gib:.1f} GiB, and the models' weights alone take {need / gib:.1f} GiB ({parts}, "
+            f"{'2 bytes' if per == 2 else '4 bytes'} a parameter); give each actor at least {least:.2f} of a GPU, or "
+            "smaller models"]
+
+
+def probe_gpu(share: float, timeout_s: float = 300.0) -> tuple[int, str] | None:
+    """(total memory in bytes, name) of a GPU an actor of `share` would run on, read by a Ray task that asks for the
+    same share; None where no such task ran in time or it saw no CUDA device (a cluster that fakes GPUs)."""
+    import ray
+
+    @ray.remote(num_gpus=share, num_cpus=0)
+    def device() -> tuple[int, str] | None:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        props = torch.cuda.get_device_properties(0)
+        return int(props.total_memory), str(props.name)
+
+    ref = device.remote()
+    ready, _ = ray.wait([ref], timeout=timeout_s)
+    if not ready:
+        ray.cancel(ref, force=True)
+        return None
+    return ray.get(ref)
+
+
+def check_share(config: JobConfig, log: Callable[[str], None] = print, probe: Callable = probe_gpu,
+                count: Callable | None = None) -> None:
+    """InputError (exit 2) where actors that share a GPU (resources.gpus_per_worker below 1) cannot fit their models
+    in their share of the device a probe task reads (`share_problems`); nothing where each actor has a whole GPU or
+    none, or where no probe could run (said)."""
+    share = config.resources.gpus_per_worker
+    if not 0 < share < 1:
+        return
+    from pipeline.preflight import count_model, resolved
+    from runfolder.parameters import job_parameters
+
+    try:
+        found = probe(share)
+    except Exception as err:  # noqa: BLE001 - a probe that fails says nothing about the models: the run goes on
+        found, why = None, f"{type(err).__name__}: {err}"
+    else:
+        why = "no task on a GPU answered"
+    if found is None:
+        log(f"the GPU an actor would share could not be read ({why}); going on without checking that the models "
+            f"fit {share:g} of it")
+        return
+    counts = job_parameters(resolved(config), count=count or count_model)
+    loaded = {"target": counts.target, "draft": counts.draft if config.draft_needed_by else None,
+              "reward": counts.reward}  # the draft is loaded where something needs it (workers.engines.hf)
+    problems = share_problems(config, found[0], found[1], loaded)
+    if problems:
+        raise InputError(problems)
+
+
 def _said(room: Room, r: ResourcesConfig, log: Callable[[str], None]) -> Room:
     least, _ = r.pool
     if room.actors < least:

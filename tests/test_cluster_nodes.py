@@ -600,3 +600,49 @@ def test_the_job_waits_for_the_autoscaler_and_gives_up_after_the_stated_time(tmp
     assert "winnow generate: a node that holds an actor joined after " in proc.stdout
     m = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert (m["status"], m["rows"]) == ("succeeded", 4)
+
+
+# -- actors that share a GPU (issue 29) ------------------------------------------------------------------------------
+
+def test_models_that_do_not_fit_an_actors_share_of_a_gpu_are_refused_naming_the_field():
+    from pipeline.cluster import share_problems
+    from schemas.config import validate_config
+
+    def cfg(share, dtype="auto"):
+        return validate_config(job_config(Path("/tmp"), resources={"gpus_per_worker": share},
+                                          models={"dtype": dtype}))
+
+    gib = 2**30
+    params = {"target": 7 * 10**9, "draft": None, "reward": 10**9}  # 16 GB of 16-bit weights
+    assert share_problems(cfg(0.5), 80 * gib, "H100", params) == []  # 36 GiB usable of 40
+    assert share_problems(cfg(1), 10 * gib, "L4", params) == []  # a whole device: the engines size themselves
+    assert share_problems(cfg(0.25), 80 * gib, "H100", params) == []  # 14.9 GiB of 16-bit weights in 18 GiB
+    problems = share_problems(cfg(0.25, "float32"), 80 * gib, "H100", params)  # 32 GB of float32 weights
+    assert problems == ["resources.gpus_per_worker: 0.25 of a GPU (H100, 80.0 GiB) gives an actor 18.0 GiB, and the "
+                        "models' weights alone take 29.8 GiB (target 26.1 GiB, reward 3.7 GiB, 4 bytes a parameter); "
+                        "give each actor at least 0.41 of a GPU, or smaller models"]
+
+
+def test_check_share_reads_the_gpu_through_a_probe_and_refuses_models_that_do_not_fit(tmp_path):
+    from schemas.base import InputError
+    from schemas.config import validate_config
+
+    config = validate_config(job_config(tmp_path, resources={"gpus_per_worker": 0.25}))
+    said = []
+    cluster.check_share(config, log=said.append, probe=lambda share: (2**30, "tiny GPU"),
+                        count=lambda location: 0)  # nothing counted: fits
+    with pytest.raises(InputError, match=r"0.25 of a GPU \(tiny GPU, 1.0 GiB\) gives an actor 0.2 GiB"):
+        cluster.check_share(config, log=said.append, probe=lambda share: (2**30, "tiny GPU"),
+                            count=lambda location: 10**9)
+    cluster.check_share(config, log=said.append, probe=lambda share: None)  # no GPU answered: said, run goes on
+    assert said and "could not be read" in said[-1]
+
+
+def test_actors_that_share_a_gpu_are_packed_on_one_device(tmp_path, requests):
+    """gpus_per_worker 0.25: a node of one GPU (and the CPUs) holds four actors; one of half a GPU holds two."""
+    room = check_room(config(tmp_path, workers=4, gpus_per_worker=0.25, cpus_per_worker=1), lambda line: None,
+                      nodes=lambda: [node(4, gpus=1)], autoscaler=lambda: None)
+    assert room.actors == 4
+    room = check_room(config(tmp_path, workers=4, gpus_per_worker=0.25, cpus_per_worker=1), lambda line: None,
+                      nodes=lambda: [node(8, gpus=0.5)], autoscaler=lambda: None)
+    assert room.actors == 2

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from conftest import job_config, winnow, write_config
 from tests.trio_helpers import config, demo_items
@@ -72,3 +73,36 @@ def test_best_of_n_at_the_schema_maximum_fails_loudly_instead_of_exhausting_the_
     assert "best_of_n would hold about" in out.stderr and "GiB" in out.stderr, out.stderr[-3000:]
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert manifest["status"] == "failed" and "best_of_n would hold about" in manifest["error"]
+
+
+def test_an_actor_that_shares_a_gpu_is_sized_to_its_share(monkeypatch):
+    """Issue 29: resources.gpus_per_worker below 1 packs several actors on one GPU; each hf engine takes its share of
+    the device's memory less its own models (not the device's whole free memory), each vLLM engine its share of
+    vLLM's 0.9, and a share the models alone fill is refused naming the field. Checked without a GPU: torch.cuda's
+    readings stand in."""
+    from types import SimpleNamespace
+
+    import workers.accounting.memory as memory
+    from workers.engines.hf import MEMORY_FRACTION, BatchTooLarge, HfEngine
+
+    gib = 2**30
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: SimpleNamespace(total_memory=80 * gib))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d: "H100")
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda d: 2 * gib)  # this actor's models
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda d: 2 * gib)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d: (60 * gib, 80 * gib))  # other actors hold the rest
+    assert memory.share_bytes(cuda, 0.25) == 18 * gib  # a quarter of 80 GiB, less its own 2
+    assert memory.share_bytes(cuda, 1.0) is None and memory.share_bytes(torch.device("cpu"), 0.25) is None
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d: (10 * gib, 80 * gib))
+    assert memory.share_bytes(cuda, 0.25) == 10 * gib  # never more than is free
+
+    def engine(share):
+        config = SimpleNamespace(models=SimpleNamespace(kv_space_mb=None), resources=SimpleNamespace(
+            gpus_per_worker=share))
+        return SimpleNamespace(memory_budget=None, config=config, device=cuda)
+
+    assert HfEngine.budget(engine(0.25)) == int(10 * gib * MEMORY_FRACTION)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda d: 30 * gib)
+    with pytest.raises(BatchTooLarge, match=r"resources.gpus_per_worker: 0.25 of this GPU \(H100, 80.0 GiB\)"):
+        HfEngine.budget(engine(0.25))

@@ -39,3 +39,13 @@ def free_memory_bytes(device: torch.device) -> int:
     if free is None:
         raise RuntimeError("cannot read the host's available memory (/proc/meminfo, sysconf) to size a batch")
     return free
+
+
+def share_bytes(device: torch.device, share: float) -> int | None:
+    """What an actor that holds `share` of a GPU (resources.gpus_per_worker below 1: several actors packed on one
+    device) may still take of it: its share of the device's total memory less what this process holds already (its
+    models), never more than is free. None off a GPU or for a whole device (its free memory is the bound)."""
+    if device.type != "cuda" or not 0 < share < 1:
+        return None
+    total = int(torch.cuda.get_device_properties(device).total_memory)
+    return min(int(share * total) - int(torch.cuda.memory_reserved(device)), device_free_bytes(device))

@@ -17,7 +17,7 @@ import torch
 
 from schemas.config import JobConfig
 from schemas.methods import MethodParams
-from workers.accounting.memory import device_free_bytes, free_memory_bytes
+from workers.accounting.memory import device_free_bytes, free_memory_bytes, share_bytes
 from workers.loading import load_causal_lm, pick_device
 from workers.candidates import PromptInput
 from workers.context import Context
@@ -101,11 +101,22 @@ class HfEngine:
     # -- memory ------------------------------------------------------------------------------------------------------
     def budget(self) -> int:
         """Bytes a batch's sequences may take (the pool's KV space): `memory_budget` (tests), else
-        models.kv_cache_mb, else MEMORY_FRACTION of the memory free now."""
+        models.kv_cache_mb, else MEMORY_FRACTION of the memory free now, or of this actor's share of its GPU where
+        several actors share one (resources.gpus_per_worker below 1: `share_bytes`)."""
         if self.memory_budget is not None:
             return self.memory_budget
         mb = self.config.models.kv_space_mb
-        return int(mb * 2**20) if mb is not None else int(free_memory_bytes(self.device) * MEMORY_FRACTION)
+        if mb is not None:
+            return int(mb * 2**20)
+        share = self.config.resources.gpus_per_worker
+        room = share_bytes(self.device, share)
+        if room is not None and room <= 0:
+            raise BatchTooLarge(
+                f"resources.gpus_per_worker: {share:g} of this GPU ({torch.cuda.get_device_name(self.device)}, "
+                f"{torch.cuda.get_device_properties(self.device).total_memory / 2**30:.1f} GiB) leaves nothing beside "
+                f"the models this actor loaded ({torch.cuda.memory_reserved(self.device) / 2**30:.1f} GiB); give each "
+                "actor a larger share")
+        return int((free_memory_bytes(self.device) if room is None else room) * MEMORY_FRACTION)
 
     def sequences_need(self, prompt: PromptInput, rows: int, params: MethodParams, reward: Scorer | None = None,
                        kv_tokens: int | None = None) -> int:

@@ -51,6 +51,7 @@ from workers.vllm_runtime import (
 log = logging.getLogger(__name__)
 
 CPU_KV_CACHE_MB = 1024  # the CPU engine's KV cache when models.kv_cache_mb is null
+VLLM_GPU_UTILIZATION = 0.9  # vLLM's own default share of a GPU, split among the actors that share one
 SEED_MODULUS = 2**31 - 2**17  # candidate seeds stay in int32 for every n up to 65536
 
 
@@ -144,6 +145,9 @@ class VllmEngine:
         else:
             gpus = self.config.resources.gpus_per_worker
             kw.update(tensor_parallel_size=max(1, int(gpus)), async_scheduling=False)  # no step ahead of aborts
+            if gpus < 1 and kv_mb is None:
+                # several actors on one GPU: each engine takes its share of vLLM's default 0.9 of the device
+                kw["gpu_memory_utilization"] = round(VLLM_GPU_UTILIZATION * gpus, 4)
         t0 = time.perf_counter()
         from vllm.v1.metrics.loggers import StatLoggerBase
 
