@@ -1,7 +1,7 @@
 """Reading finished run folders for `winnow build-sft` and `winnow report`, local or remote, through one fsspec
 code path.
 
-A run folder (README: Run folder, resume and exactly once) is ``RUN/manifest.json`` plus
+A run folder (docs/jobs.md: Run folder, resume and exactly once) is ``RUN/manifest.json`` plus
 ``RUN/candidates/*.parquet``; it may be a local path, ``s3://bucket/prefix`` or any fsspec URL (``memory://`` in
 tests). Parquet files are read as one dataset whatever their names (Ray Data picks its own); with Ray Data's
 checkpoint present, only the files whose checkpoint is committed (`runfolder.folder.committed_data_files`).

@@ -1,4 +1,4 @@
-"""The job config of the interface contract (README: Config reference): pydantic models, loading from YAML with
+"""The job config of the interface contract (docs/config.md): pydantic models, loading from YAML with
 ``--set`` overrides, and its hash."""
 
 from __future__ import annotations

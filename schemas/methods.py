@@ -110,7 +110,7 @@ class SpeculativeRejection(MethodParams):
         "length (its prompt once, each response at the token limit): Speculative Rejection starts n candidates in "
         "the memory of Best-of-memory_candidates, as paper 001 starts a batch larger than Best-of-N could finish. "
         "Null: n / 8 (at least 1). Bounded by the pool's space (models.kv_cache_mb x memory_fraction, "
-        "memory_budget_mb); the space used is recorded in stats.memory_budget_bytes.",
+        "memory_budget_mb); the space used is recorded in stats.kv_space_bytes.",
     )
     memory_budget_mb: float | None = Field(
         None, gt=0,

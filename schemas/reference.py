@@ -1,9 +1,9 @@
-"""The README's two generated references: the job config (from the pydantic models' fields and descriptions) and
-the output columns (from `schemas.rows`).
+"""The two generated references of docs/config.md: the job config (from the pydantic models' fields and
+descriptions) and the output columns (from `schemas.rows`).
 
-`python -m schemas.reference` prints them; `python -m schemas.reference --write README.md` replaces the text between
-the README's ``<!-- config-reference:start -->`` / ``<!-- config-reference:end -->`` and
-``<!-- output-columns:start -->`` / ``<!-- output-columns:end -->`` markers (a test checks that the README holds
+`python -m schemas.reference` prints them; `python -m schemas.reference --write docs/config.md` replaces the text
+between that file's ``<!-- config-reference:start -->`` / ``<!-- config-reference:end -->`` and
+``<!-- output-columns:start -->`` / ``<!-- output-columns:end -->`` markers (a test checks that docs/config.md holds
 exactly what this renders, so neither reference can drift from the schema).
 """
 
@@ -195,10 +195,10 @@ def _markers(name: str) -> tuple[str, str]:
 
 
 def section_of(readme: str, name: str = "config-reference") -> str:
-    """The text between the README's markers of section `name` (without the marker lines)."""
+    """The text between a document's markers of section `name` (without the marker lines)."""
     start, end = _markers(name)
     if start not in readme or end not in readme:
-        raise ValueError(f"README has no {start} ... {end} section")
+        raise ValueError(f"no {start} ... {end} section")
     return readme.split(start, 1)[1].split(end, 1)[0].strip("\n") + "\n"
 
 
@@ -211,7 +211,8 @@ def replace_section(readme: str, text: str, name: str = "config-reference") -> s
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m schemas.reference", description=__doc__.splitlines()[0])
-    p.add_argument("--write", metavar="README", help="replace both generated sections of this file")
+    p.add_argument("--write", metavar="FILE",
+                   help="replace both generated sections of this file (docs/config.md)")
     args = p.parse_args(argv)
     if args.write:
         path = Path(args.write)

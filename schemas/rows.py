@@ -1,7 +1,7 @@
 """The Arrow schema of one output row (one prompt) of `candidates/*.parquet`: the interface contract's output columns.
 
-README's "Output columns" is rendered from the meanings below by `python -m schemas.reference` (a test keeps the two
-equal).
+The "Output columns" of docs/config.md are rendered from the meanings below by `python -m schemas.reference` (a test
+keeps the two equal).
 
 ``stats`` is one struct for every method, so Parquet files of different methods share a schema and can be read
 and pooled together; a field a method does not measure is null.

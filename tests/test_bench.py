@@ -1,4 +1,4 @@
-"""The benches run end to end on tiny arguments (their figures are measured by hand; see README, Benchmarks)."""
+"""The benches run end to end on tiny arguments (their figures are measured by hand; see docs/benchmarks.md)."""
 
 from __future__ import annotations
 

@@ -471,7 +471,7 @@ MIXED = [{"id": 1, "prompt": "one"}, {"id": "b", "prompt": [{"role": "user", "co
 
 
 def test_integer_and_string_ids_mixed_in_one_jsonl_become_strings(ray_session, tmp_path):
-    """The README allows integer and string ids; pyarrow types a column from its first values and refused the
+    """docs/jobs.md allows integer and string ids; pyarrow types a column from its first values and refused the
     file ("JSONDecodeError: Extra data", from Ray's fallback). Every line is a JSON object, so it is read line by
     line: the ids become strings, a prompt may be a string on one line and messages on the next."""
     from pipeline.prompts import check_source

@@ -98,7 +98,7 @@ def test_smollm2_gives_the_same_rows_three_times_however_the_calls_are_timed():
 # resources.prompts_per_batch and models.max_num_seqs decide which prompts share a batched forward, never a prompt's
 # draws (keyed per prompt, candidate and position), its decisions (its own candidates' lengths and rewards) or the
 # order its candidates start in. A batched forward's float sums depend on its rows (padding, blocking), so a sampled
-# token may differ only where its draw falls within that rounding of the boundary between two tokens: the README's
+# token may differ only where its draw falls within that rounding of the boundary between two tokens: docs/jobs.md's
 # Reliability section states it; these tests hold it to that.
 
 def rows_by_batching(cfg_of, items: list[dict], batchings: list[tuple[int, int]]) -> list[list[dict]]:

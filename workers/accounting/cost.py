@@ -153,7 +153,7 @@ class Meter:
     # -- the rows' cost struct ------------------------------------------------------------------------------------
     def per_prompt(self, devices: float = 1.0, groups: list[int] | None = None, wall: float | None = None
                    ) -> list[dict]:
-        """The output row's `cost` struct (README: Output columns) for each prompt (or for prompts `groups`,
+        """The output row's `cost` struct (docs/config.md: Output columns) for each prompt (or for prompts `groups`,
         absolute numbers). `devices`: GPUs (or 1 for a CPU worker) this batch held. `wall`: the wall seconds of the
         prompts' batch (default: since `started`). Device seconds are the prompts' share of the time since
         `started` by their target tokens, or what `tick` charged them when the meter serves a loop."""

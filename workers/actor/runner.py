@@ -7,9 +7,9 @@ batch's prompts. Everything below it is here and in the rooms of `workers/`, wit
 `Runner(config)` is the wiring of one actor: the engine of `models.engine` (`workers.engines`: hf loads the target
 and draft with transformers, vllm builds one vLLM engine), the reward, and the method with its own parameters.
 `Runner.run(items)` takes prompts as dicts with `prompt_id`, `prompt` (chat messages) and optionally `concepts`, and
-returns one output row per prompt in the shape of `schemas.rows.ROW_SCHEMA` (README: Output columns), in order. A
-prompt that cannot run (empty, or longer than the target's context) becomes a row with `error` set; a failure of
-the engine itself raises, so the job fails loudly.
+returns one output row per prompt in the shape of `schemas.rows.ROW_SCHEMA` (docs/config.md: Output columns), in
+order. A prompt that cannot run (empty, or longer than the target's context) becomes a row with `error` set; a
+failure of the engine itself raises, so the job fails loudly.
 
 The candidate-pool methods (best_of_n, speculative_rejection, greedy, nucleus, speculative_decoding: the `pool`
 ability of schemas.methods) decode in one loop per actor (`workers.pool.loop`) on either engine, which the calls in

@@ -1,0 +1,154 @@
+"""Measured figures that cannot drift: the docs' tables of figures, rendered from the files the benches write.
+
+A bench run with ``--json docs/figures/NAME.json`` writes its figures there; a table in README.md or docs/*.md that
+shows them sits between ``<!-- figures:TABLE -->`` and ``<!-- /figures:TABLE -->`` and is rendered from its file by
+`RENDER[TABLE]`. `python -m bench.figures --write` renders every such table in place (after a bench run); `python -m
+bench.figures` prints the tables that differ from their render; `tests/test_figures.py` fails on any, so a figure
+in the docs is always the one its file holds, and a file is always what a named bench wrote (its command is in the
+text beside the table).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parent.parent
+FIGURES = ROOT / "docs" / "figures"
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+MARK = re.compile(r"<!-- figures:(?P<name>[a-z0-9-]+) -->\n(?P<body>.*?)<!-- /figures:(?P=name) -->", re.S)
+
+
+def load(name: str) -> dict:
+    return json.loads((FIGURES / f"{name}.json").read_text())
+
+
+def fmt(v, digits: int = 2) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return f"{v:,.{digits}f}"
+    if isinstance(v, int):
+        return f"{v:,}"
+    return str(v)
+
+
+def md(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def quickstart_summary() -> str:
+    """The summary the quickstart printed (README: the first run's output)."""
+    return "```\n" + "\n".join(load("quickstart")["quickstart_summary"]) + "\n```\n"
+
+
+def quickstart_bill() -> str:
+    """The quickstart against Best-of-32: what each cost and the ratio (bench.quickstart)."""
+    f = load("quickstart")
+    sr, bon, r = f["sr"], f["bon"], f["sr_over_bon"]
+    rows = []
+    for label, key, digits in (("mean best reward", "mean_best_reward", 4), ("generated tokens", "generated_tokens", 0),
+                               ("reward-model tokens", "reward_tokens", 0),
+                               ("reward tokens per generated token", "reward_per_generated", 2),
+                               ("GFLOP per prompt (target and reward)", "gflop_per_prompt", 2),
+                               ("decoding steps", "decoding_steps", 0),
+                               ("device-seconds (interleaved pairs)", "device_s", 2)):
+        ratio = r.get(key)
+        shown = "" if ratio is None else (f"{ratio:+.4f}" if key == "mean_best_reward" else f"**{ratio:.2f}x**")
+        rows.append([label, fmt(bon[key], digits), fmt(sr[key], digits), shown])
+    return md(["", "Best-of-32", "SR n = 32 (quickstart)", "SR / Best-of-32"], rows)
+
+
+def bill(case: str) -> Callable[[], str]:
+    """One case of bench.bill: each side's figures and SR against Best-of-N at n and at the same reward."""
+
+    def render() -> str:
+        f = load("bill")
+        rows = []
+        for key, got in f["cases"].items():
+            if not key.startswith(case + " "):
+                continue
+            _, engine, n = key.split(" ")
+            same, at_n = got["SR / BoN at the same reward"], got["SR / BoN-n"]
+            sr = got[f"SR-{n[2:]}"]
+            rows.append([engine, n[2:], fmt(sr["mean_best_reward"], 4), f"BoN-{same['matched_n']:.0f}",
+                         f"**{same['decoding_steps']:.2f}x**", f"{at_n['decoding_steps']:.2f}x",
+                         f"{same['gflop']:.2f}x", f"{at_n['gflop']:.2f}x", fmt(sr["reward_per_generated"], 2),
+                         f"{same['cpu_s']:.2f}x", fmt(sr["mean_width"], 0)])
+        return md(["engine", "n", "SR reward", "matches", "steps vs same reward", "steps vs BoN-n",
+                   "FLOPs vs same reward", "FLOPs vs BoN-n", "reward tok / gen tok", "CPU s vs same reward",
+                   "SR mean width"], rows)
+
+    return render
+
+
+RENDER: dict[str, Callable[[], str]] = {
+    "quickstart-summary": quickstart_summary,
+    "quickstart-bill": quickstart_bill,
+    **{f"bill-{case}": bill(case) for case in ("tiny", "smollm2", "smollm2-rm", "smollm2-rm-long")},
+}
+
+
+def tables() -> list[tuple[Path, str, str]]:
+    """(file, table name, its text now) of every marked table of the docs."""
+    return [(path, m["name"], m["body"]) for path in DOCS for m in MARK.finditer(path.read_text())]
+
+
+def stale() -> list[str]:
+    """One line per marked table that differs from its render, or that names no renderer or file."""
+    out = []
+    for path, name, body in tables():
+        if name not in RENDER:
+            out.append(f"{path.relative_to(ROOT)}: table {name!r} has no renderer in bench.figures.RENDER")
+            continue
+        try:
+            want = RENDER[name]()
+        except (OSError, KeyError, ValueError) as err:
+            out.append(f"{path.relative_to(ROOT)}: table {name!r} cannot be rendered ({type(err).__name__}: {err})")
+            continue
+        if body != want:
+            out.append(f"{path.relative_to(ROOT)}: table {name!r} differs from its render; run python -m "
+                       "bench.figures --write")
+    return out
+
+
+def write() -> list[str]:
+    """Render every marked table in place; the names of those that changed."""
+    changed = []
+    for path in DOCS:
+        text = path.read_text()
+
+        def sub(m: re.Match) -> str:
+            body = RENDER[m["name"]]()
+            if body != m["body"]:
+                changed.append(f"{path.relative_to(ROOT)}: {m['name']}")
+            return f"<!-- figures:{m['name']} -->\n{body}<!-- /figures:{m['name']} -->"
+
+        new = MARK.sub(sub, text)
+        if new != text:
+            path.write_text(new)
+    return changed
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.figures", description=__doc__.splitlines()[0])
+    ap.add_argument("--write", action="store_true", help="render every marked table in place")
+    args = ap.parse_args(argv)
+    if args.write:
+        for line in write():
+            print(f"rendered {line}")
+        return 0
+    problems = stale()
+    for line in problems:
+        print(line)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
