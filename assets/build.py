@@ -5,7 +5,7 @@ with `use_deterministic_algorithms(True)` on 2 threads, so the same machine and 
 weights. About 4-6 minutes on 2 CPU cores. Writes:
 
 - tiny-target/, tiny-draft/   LlamaForCausalLM + the shared LM tokenizer + generation_config.json
-- tiny-reward/                LlamaForSequenceClassification (num_labels=1) + its own tokenizer
+- tiny-reward/                LlamaForSequenceClassification (num_labels=1) + its own tokenizer (prompt first)
 - demo-prompts/prompts.jsonl  held-out prompts: id, prompt, concepts
 - train_concept_sets.txt.gz   every concept set used in any training set (one sorted, space-joined set a line)
 - build_meta.json             seeds, sizes, configs, timings, library versions
@@ -13,10 +13,13 @@ weights. About 4-6 minutes on 2 CPU cores. Writes:
 Training:
 1. target: next-token cross-entropy on response tokens of world examples (prompt rendered with the chat template);
 2. draft: distilled from the target (KL(target || draft) on the same sequences), so its greedy choices agree;
-3. reward: regression on (prompt, text) rendered with the reward chat template, where text is a whole response,
-   a prefix of one, or a disfluent corruption; label = lexical.concept_coverage(text) minus
+3. reward: regression on (prompt, text) rendered with the reward chat template (prompt first), where text is a
+   whole response, a prefix of one, or a disfluent corruption; label = lexical.concept_coverage(text) minus
    DISFLUENCY_PENALTY for corrupted text. Prefixes are labelled with their own coverage, so partial rewards mean
-   "concepts covered so far".
+   "concepts covered so far"; every response token is also labelled with the coverage so far (`rm_sequences`).
+
+`python -m assets.build --only reward` rebuilds tiny-reward alone from the same data and seeds (the other assets
+are left as they are and must be those this code draws) and updates build_meta.json for it.
 """
 
 from __future__ import annotations
@@ -28,9 +31,15 @@ import math
 import os
 import pathlib
 import random
+import re
 import shutil
 import sys
 import time
+
+# OpenMP threads that wait by sleeping rather than spinning: on a shared machine (more runnable threads than cores)
+# spinning threads waiting for a descheduled partner made training up to 100x slower. No effect on the numbers;
+# set before torch is imported (OpenMP reads it when it loads).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch
 import torch.nn.functional as F
@@ -38,7 +47,7 @@ import transformers
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassification
 
 from assets import ASSETS_DIR, tokenization, world
-from lexical import concept_coverage, covered
+from lexical import concept_coverage, inflections
 
 SEED = 1234
 DEMO_SEED = 7
@@ -60,7 +69,7 @@ REWARD_ROPE_THETA = 1e6  # slow rotary frequencies: the matching head compares w
 # the loss on concept words is weighted concept_weight for the first weight_until of the steps (a curriculum)
 TARGET_TRAIN = dict(epochs=1, batch=32, lr=3e-3, concept_weight=6.0, weight_until=0.6)
 DRAFT_TRAIN = dict(epochs=2, batch=32, lr=3e-3, concept_weight=3.0, weight_until=0.5)
-REWARD_TRAIN = dict(epochs=1, batch=32, lr=2e-3)
+REWARD_TRAIN = dict(epochs=2, batch=32, lr=2e-3)  # 2 epochs: 1 left prefix RMSE 0.151 and all 0.182 (see README)
 
 
 def log(msg: str) -> None:
@@ -216,46 +225,82 @@ def reward_examples(rng: random.Random, examples: list[world.Example]) -> list[t
     return out
 
 
-def rm_sequences(tok, rows) -> tuple[list[list[int]], list[list[float]]]:
-    """Token ids of (prompt, text) rendered with the reward chat template, and dense per-token labels.
+def rm_sequences(tok, rows) -> tuple[list[list[int]], list[list[float]], list[list[float]]]:
+    """Token ids of (prompt, text) rendered with the reward chat template, dense per-token labels, and per-token
+    first-occurrence flags.
 
-    The template renders the response first and the request after it. Dense labels (NaN where there is none): each
-    concept word of the request is labelled 1.0 if the response covers it, else 0.0 (an auxiliary target for
-    the mechanism "a concept looks back at the response"); the last token ([EOS]) gets the row's label.
+    The template renders the request first and the response after it, then [EOS]. Dense labels (NaN where there is
+    none), on the score itself: every token of the response is labelled with the fraction of the request's concepts
+    that the response covers up to and including this token's word (what a partial reward means; no disfluency
+    penalty), and the last token ([EOS]) with the row's label. Flags (NaN outside the response), the target of a
+    training-only head on layer AUX_LAYER: 1.0 on the first token of a word that covers a concept no earlier word
+    covered ("dog" in "the dog ... the dogs" once), else 0.0; the mechanism "a response word looks back at the
+    request" and counts each concept once.
     """
     convs = [[{"role": "user", "content": p}, {"role": "assistant", "content": t}] for p, t, _, _ in rows]
     texts = tok.apply_chat_template(convs, tokenize=False)
     encs = tok.backend_tokenizer.encode_batch(texts, add_special_tokens=False)
-    ids, dense = [], []
-    for (prompt, text, label, kind), rendered, enc in zip(rows, texts, encs):
+    ids, dense, firsts = [], [], []
+    for (prompt, text, label, _), rendered, enc in zip(rows, texts, encs):
         concepts = [c.strip() for c in prompt.split(":", 1)[1].rstrip(".").split(",")]
-        flags = covered(text, concepts)
+        forms = [inflections(c) for c in concepts]
+        start = rendered.index(ASSISTANT_MARK) + len(ASSISTANT_MARK)
+        # the words of the response (as lexical reads them: the template lower-cases it) and the concepts they cover
+        words = [(start + m.start(), {i for i, f in enumerate(forms) if m.group() in f})
+                 for m in WORD.finditer(rendered[start:start + len(text)])]
         lab = [float("nan")] * len(enc.ids)
-        start = {s0: i for i, (s0, _) in enumerate(enc.offsets)}
-        pos = rendered.index(USER_MARK) + len(USER_MARK)
-        pos = rendered.index(":", pos) + 1  # after "... concepts:"
-        for c, f in zip(concepts, flags):
-            pos = rendered.index(c.upper(), pos)  # the template upper-cases the request
-            lab[start[pos]] = float(f)
-            pos += len(c)
+        first = [float("nan")] * len(enc.ids)
+        seen: set[int] = set()
+        w = 0
+        for j, (s0, e0) in enumerate(enc.offsets):
+            if s0 < start or enc.ids[j] == tok.eos_token_id:
+                continue
+            new = False
+            while w < len(words) and words[w][0] < e0:  # the words that begin before this token ends
+                new |= bool(words[w][1] - seen) and words[w][0] == s0
+                seen |= words[w][1]
+                w += 1
+            lab[j] = len(seen) / len(concepts)
+            first[j] = float(new)
         eos_pos = max(i for i, t in enumerate(enc.ids) if t == tok.eos_token_id)
         lab[eos_pos] = label
         ids.append(enc.ids[: eos_pos + 1])
         dense.append(lab[: eos_pos + 1])
-    return ids, dense
+        firsts.append(first[: eos_pos + 1])
+    return ids, dense, firsts
 
 
-USER_MARK = "### User: "
+ASSISTANT_MARK = "### Assistant: "
+WORD = re.compile(r"[a-z]+")  # a word as lexical reads it (the template lower-cases the response)
 DENSE_WEIGHT = 0.5
+# the first-occurrence flags, on a training-only linear head reading layer AUX_LAYER's output (discarded after
+# training): without it the score never learned coverage in one epoch (validation RMSE 0.30, as good as a constant)
+AUX_WEIGHT = 0.5
+AUX_LAYER = 0
 
 
 def train_reward(model, seqs, dense, labels, pad_id: int, *, epochs: int, batch: int, lr: float,
-                 seed: int) -> dict:
+                 seed: int, firsts=None) -> dict:
     """MSE of the pooled score (last token) against the label, plus DENSE_WEIGHT x MSE of the per-token scores
-    against the dense labels (is this concept covered)."""
+    against the dense labels (coverage so far), plus (`firsts` given, AUX_WEIGHT > 0) AUX_WEIGHT x MSE of a
+    training-only linear head on the output of layer AUX_LAYER against the first-occurrence flags (the head is
+    discarded after training; the saved model is a plain LlamaForSequenceClassification)."""
     gen = torch.Generator().manual_seed(seed)
     plan = [b for _ in range(epochs) for b in batches_by_length([len(s) for s in seqs], batch, gen)]
-    opt = make_optimizer(model, lr)
+    aux = None
+    captured: dict[str, torch.Tensor] = {}
+    hook = None
+    if AUX_WEIGHT > 0 and firsts is not None:
+        aux = torch.nn.Linear(model.config.hidden_size, 1)
+        with torch.no_grad():
+            aux.weight.copy_(torch.randn(aux.weight.shape, generator=torch.Generator().manual_seed(seed + 1)) * 0.02)
+            aux.bias.zero_()
+
+        def grab(_module, _inputs, output):
+            captured["h"] = output[0] if isinstance(output, tuple) else output
+
+        hook = model.model.layers[AUX_LAYER].register_forward_hook(grab)
+    opt = make_optimizer(model if aux is None else torch.nn.ModuleList([model, aux]), lr)
     model.train()
     t0 = time.time()
     ema = None
@@ -273,14 +318,20 @@ def train_reward(model, seqs, dense, labels, pad_id: int, *, epochs: int, batch:
         pred = per_tok[torch.arange(len(idx)), last]
         has = ~torch.isnan(d)
         loss = F.mse_loss(pred, y) + DENSE_WEIGHT * F.mse_loss(per_tok[has], d[has])
+        if aux is not None:
+            f = torch.tensor([firsts[i] + [float("nan")] * (width - len(firsts[i])) for i in idx])
+            has_f = ~torch.isnan(f)
+            loss = loss + AUX_WEIGHT * F.mse_loss(aux(captured["h"])[..., 0][has_f], f[has_f])
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_([p for g in opt.param_groups for p in g["params"]], 1.0)
         opt.step()
         n_tok += int(mask.sum())
         ema = loss.item() if ema is None else 0.98 * ema + 0.02 * loss.item()
         if step % 200 == 0 or step == len(plan) - 1:
             log(f"  reward step {step + 1}/{len(plan)} loss {ema:.4f} ({time.time() - t0:.0f}s)")
+    if hook is not None:
+        hook.remove()
     model.eval()
     dt = time.time() - t0
     return {"steps": len(plan), "final_loss_ema": round(ema, 5), "seconds": round(dt, 1),
@@ -371,10 +422,12 @@ def init_shared_forms(model, tok, seed: int) -> torch.Tensor:
 def init_matching_head(model, shared: torch.Tensor, seed: int, target_logit: float = 8.0) -> None:
     """Initialise head 0 of layer 0 of the reward model as a "same word" matching head: W_Q = W_K = W, restricted
     to the slowly rotating RoPE dimensions (so the score barely depends on distance) and blind to the shared
-    suffix/case/class vectors (so "DOG" in the request matches "dog" and "dogs" in the response, but not "cat").
-    A concept word of the request then attends to its occurrences in the response, if any. Only an
-    initialisation, trained like every other weight; learning this match by gradient descent alone takes far
-    longer than the CPU budget of the build."""
+    suffix/case/class vectors (so "dog" and "dogs" in the response match "DOG" in the request, but not "CAT").
+    The match is symmetric, so it serves the prompt-first template as it served the old response-first one: a word
+    of the response attends to its occurrences in the request (and, as much, to itself and its earlier occurrences
+    in the response), and what it reads there (upper case: a requested concept) says whether it covers one.
+    Training sharpens it towards the request's copy. Only an initialisation, trained like every other weight;
+    learning this match by gradient descent alone takes far longer than the CPU budget of the build."""
     g = torch.Generator().manual_seed(seed)
     attn = model.model.layers[0].self_attn
     cfg = model.config
@@ -396,13 +449,72 @@ def n_params(model) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+def build_reward(rm_tok, rm_seqs, rm_dense, rm_firsts, rm_rows) -> tuple[LlamaForSequenceClassification, dict]:
+    """The reward model, initialised (init_shared_forms, init_matching_head) and trained on all but the first
+    n_val rows, then validated on those; its training stats with the validation RMSE per kind."""
+    torch.manual_seed(SEED + 20)
+    rcfg = LlamaConfig(
+        vocab_size=len(rm_tok), max_position_embeddings=256, rms_norm_eps=1e-6, rope_theta=REWARD_ROPE_THETA,
+        tie_word_embeddings=False, num_labels=1, problem_type="regression",
+        pad_token_id=rm_tok.pad_token_id, bos_token_id=rm_tok.bos_token_id, eos_token_id=rm_tok.eos_token_id,
+        initializer_range=0.02, use_cache=False, **REWARD_ARCH,
+    )
+    reward = LlamaForSequenceClassification(rcfg)
+    init_matching_head(reward, init_shared_forms(reward, rm_tok, SEED + 20), SEED + 21)
+    log(f"reward: {n_params(reward):,} parameters")
+    n_val = min(2000, len(rm_seqs) // 10)
+    labels = [r[2] for r in rm_rows]
+    stats = train_reward(reward, rm_seqs[n_val:], rm_dense[n_val:], labels[n_val:], rm_tok.pad_token_id,
+                         seed=SEED + 20, firsts=rm_firsts[n_val:], **REWARD_TRAIN)
+    stats["dense_labels"] = "coverage so far on every response token"
+    stats["dense_weight"] = DENSE_WEIGHT
+    stats["aux"] = {"labels": "first occurrence of a concept", "layer": AUX_LAYER, "weight": AUX_WEIGHT}
+    stats["validation"] = eval_reward(reward, rm_seqs[:n_val], labels[:n_val], [r[3] for r in rm_rows[:n_val]],
+                                      rm_tok.pad_token_id)
+    log(f"  reward validation rmse: {json.dumps(stats['validation'])}")
+    return reward, stats
+
+
+def save_reward(reward, rm_tok, path: pathlib.Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+    reward.save_pretrained(path, safe_serialization=True)
+    rm_tok.save_pretrained(path)
+
+
+def write_train_keys(path: pathlib.Path, train_keys: list[str]) -> None:
+    with open(path, "wb") as raw:
+        with gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as gz:
+            gz.write(("\n".join(train_keys) + "\n").encode())
+
+
+def demo_lines(demo_sets: list[list[str]]) -> str:
+    return "".join(json.dumps({"id": f"demo-{i:03d}", "prompt": world.make_prompt(c), "concepts": c}) + "\n"
+                   for i, c in enumerate(demo_sets))
+
+
+def check_same_data(out: pathlib.Path, demo_sets: list[list[str]], train_keys: list[str]) -> None:
+    """A reward rebuilt alone must come from the data a full build makes: the demo prompts and the training concept
+    sets this code draws must be those already written in `out` (else the world or the seeds have changed, and a
+    full build is due)."""
+    demo = (out / "demo-prompts" / "prompts.jsonl").read_text()
+    with gzip.open(out / "train_concept_sets.txt.gz", "rt") as f:
+        keys = f.read().splitlines()
+    if demo != demo_lines(demo_sets) or keys != train_keys:
+        raise SystemExit(f"{out}: its demo prompts or training concept sets are not those this code draws: "
+                         "rebuild everything (python -m assets.build)")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=pathlib.Path, default=ASSETS_DIR, help="where to write the asset folders")
     ap.add_argument("--scale", type=float, default=1.0, help="fraction of the training data (for quick trials)")
+    ap.add_argument("--only", choices=["reward"], default=None,
+                    help="rebuild tiny-reward alone (the same data and seeds; the other assets in --out are kept "
+                         "and must be those this code draws; build_meta.json is updated for the reward)")
     args = ap.parse_args(argv)
     out: pathlib.Path = args.out
     out.mkdir(parents=True, exist_ok=True)
+    only_reward = args.only == "reward"
 
     t_start = time.time()
     load_start = os.getloadavg()
@@ -422,14 +534,46 @@ def main(argv: list[str] | None = None) -> int:
     rm_rows = reward_examples(random.Random(SEED + 2), rm_examples)
     train_keys = sorted({world.concept_key(e.concepts) for e in lm_examples + rm_examples})
     assert not held_out & set(train_keys)
+    if only_reward and args.scale == 1.0:
+        check_same_data(out, demo_sets, train_keys)
     lm_tok = tokenization.build_lm_tokenizer()
     rm_tok = tokenization.build_reward_tokenizer()
-    lm_seqs = lm_sequences(lm_tok, lm_examples)
-    rm_seqs, rm_dense = rm_sequences(rm_tok, rm_rows)
+    lm_seqs = [] if only_reward else lm_sequences(lm_tok, lm_examples)
+    rm_seqs, rm_dense, rm_firsts = rm_sequences(rm_tok, rm_rows)
     assert all(rm_tok.unk_token_id not in s for s in rm_seqs)
     timings["data"] = time.time() - t0
     log(f"data: {len(lm_examples)} LM examples, {len(rm_rows)} reward examples, LM vocab {len(lm_tok)}, "
         f"reward vocab {len(rm_tok)} ({timings['data']:.1f}s)")
+
+    if only_reward:
+        t0 = time.time()
+        reward, reward_stats = build_reward(rm_tok, rm_seqs, rm_dense, rm_firsts, rm_rows)
+        timings["reward"] = time.time() - t0
+        t0 = time.time()
+        save_reward(reward, rm_tok, out / "tiny-reward")
+        timings["write"] = time.time() - t0
+        timings["total"] = time.time() - t_start
+        meta_path = out / "build_meta.json"
+        meta = json.loads(meta_path.read_text())
+        meta["parameters"]["tiny-reward"] = n_params(reward)
+        meta["architectures"]["tiny-reward"] = REWARD_ARCH
+        meta["training"]["tiny-reward"] = {**REWARD_TRAIN, **reward_stats}
+        # the build's step timings with the reward's replaced (the total is their sum); the rebuild's own record
+        steps = {**meta["timings_seconds"], "reward": round(timings["reward"], 1)}
+        steps["total"] = round(sum(v for k, v in steps.items() if k != "total"), 1)
+        meta["timings_seconds"] = steps
+        meta["reward_rebuild"] = {
+            "command": "python -m assets.build --only reward",
+            "timings_seconds": {k: round(v, 1) for k, v in timings.items()},
+            "load_average_1min": {"start": round(load_start[0], 2), "end": round(os.getloadavg()[0], 2)},
+            "threads": THREADS,
+            "cpu_count": os.cpu_count(),
+            "versions": {"python": sys.version.split()[0], "torch": torch.__version__,
+                         "transformers": transformers.__version__},
+        }
+        meta_path.write_text(json.dumps(meta, indent=2) + "\n")
+        log("timings (s): " + ", ".join(f"{k} {v:.1f}" for k, v in timings.items()))
+        return 0
 
     # ---- target
     t0 = time.time()
@@ -456,24 +600,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # ---- reward
     t0 = time.time()
-    torch.manual_seed(SEED + 20)
-    rcfg = LlamaConfig(
-        vocab_size=len(rm_tok), max_position_embeddings=256, rms_norm_eps=1e-6, rope_theta=REWARD_ROPE_THETA,
-        tie_word_embeddings=False, num_labels=1, problem_type="regression",
-        pad_token_id=rm_tok.pad_token_id, bos_token_id=rm_tok.bos_token_id, eos_token_id=rm_tok.eos_token_id,
-        initializer_range=0.02, use_cache=False, **REWARD_ARCH,
-    )
-    reward = LlamaForSequenceClassification(rcfg)
-    init_matching_head(reward, init_shared_forms(reward, rm_tok, SEED + 20), SEED + 21)
-    log(f"reward: {n_params(reward):,} parameters")
-    n_val = min(2000, len(rm_seqs) // 10)
-    labels = [r[2] for r in rm_rows]
-    reward_stats = train_reward(reward, rm_seqs[n_val:], rm_dense[n_val:], labels[n_val:], rm_tok.pad_token_id,
-                                seed=SEED + 20,
-                                **REWARD_TRAIN)
-    reward_stats["validation"] = eval_reward(reward, rm_seqs[:n_val], labels[:n_val],
-                                             [r[3] for r in rm_rows[:n_val]], rm_tok.pad_token_id)
-    log(f"  reward validation rmse: {json.dumps(reward_stats['validation'])}")
+    reward, reward_stats = build_reward(rm_tok, rm_seqs, rm_dense, rm_firsts, rm_rows)
     timings["reward"] = time.time() - t0
 
     # ---- write
@@ -482,18 +609,11 @@ def main(argv: list[str] | None = None) -> int:
         path = out / name
         shutil.rmtree(path, ignore_errors=True)
         save_lm(model, tok, path)
-    path = out / "tiny-reward"
-    shutil.rmtree(path, ignore_errors=True)
-    reward.save_pretrained(path, safe_serialization=True)
-    rm_tok.save_pretrained(path)
+    save_reward(reward, rm_tok, out / "tiny-reward")
     demo_dir = out / "demo-prompts"
     demo_dir.mkdir(exist_ok=True)
-    with open(demo_dir / "prompts.jsonl", "w") as f:
-        for i, c in enumerate(demo_sets):
-            f.write(json.dumps({"id": f"demo-{i:03d}", "prompt": world.make_prompt(c), "concepts": c}) + "\n")
-    with open(out / "train_concept_sets.txt.gz", "wb") as raw:
-        with gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as gz:
-            gz.write(("\n".join(train_keys) + "\n").encode())
+    (demo_dir / "prompts.jsonl").write_text(demo_lines(demo_sets))
+    write_train_keys(out / "train_concept_sets.txt.gz", train_keys)
     timings["write"] = time.time() - t0
     timings["total"] = time.time() - t_start
     meta = {

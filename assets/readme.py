@@ -16,6 +16,19 @@ def _ok(flag: bool) -> str:
     return "met" if flag else "NOT MET"
 
 
+def _rebuild(meta: dict) -> str:
+    r = meta.get("reward_rebuild")
+    if not r:
+        return ""
+    t = r["timings_seconds"]
+    versions = "" if r["versions"] == meta["versions"] else (
+        f", with torch {r['versions']['torch']} and transformers {r['versions']['transformers']}")
+    return (f"\ntiny-reward was then rebuilt alone (`{r['command']}`) in {t['total']:.0f} s "
+            f"(data {t['data']:.0f} s, reward {t['reward']:.0f} s{versions}), with a load average of "
+            f"{r['load_average_1min']['start']} at the start and {r['load_average_1min']['end']} at the end; the "
+            "reward's time above is that one.")
+
+
 def render(assets: pathlib.Path, f: dict) -> str:
     meta = json.loads((assets / "build_meta.json").read_text())
     cfg = {n: json.loads((assets / BUILTINS[n] / "config.json").read_text())
@@ -116,14 +129,18 @@ Training (`assets/build.py`): the target learns next-token cross-entropy on the 
 {meta['n_lm_examples']:,} world examples (the loss on concept words is up-weighted during the first 60% of the
 steps, a curriculum that makes copying concepts from the prompt emerge within the CPU budget); the draft is
 distilled from the target (KL(target || draft), 2 epochs over the same sequences), so its choices agree with the
-target's; the reward model regresses on {meta['n_reward_examples']:,} (prompt, text) pairs where the text is a
+target's; the reward model regresses ({meta['training']['tiny-reward']['epochs']} epochs) on
+{meta['n_reward_examples']:,} (prompt, text) pairs where the text is a
 whole response, a prefix of one (labelled with the prefix's own coverage), or a disfluent corruption (shuffled,
-looped or word salad: coverage minus {meta['disfluency_penalty']}), with an auxiliary per-concept "is it covered"
-target on the concept tokens of the request. Initialisation hints (only initial values, all trained afterwards):
-inflected forms start from their lemma's embedding plus a shared suffix vector, words of one class share a class
-vector, and head 0 of the reward model's first layer starts as a "same word" matching head (W_Q = W_K on the
-slowly rotating RoPE dimensions, `rope_theta` 1e6). Without these hints the models did not learn to copy or to
-match concepts within the time budget. Reward validation RMSE (held-out world rows): {rm_val}.
+looped or word salad: coverage minus {meta['disfluency_penalty']}), scored at `[EOS]`; every token of the
+response is also labelled with the coverage of the response so far (so the score means "covered so far" at every
+length), and a training-only linear head on the first layer's output (discarded after training) learns to flag
+the first occurrence of each requested concept in the response. Initialisation hints (only initial values, all
+trained afterwards): inflected forms start from their lemma's embedding plus a shared suffix vector, words of one
+class share a class vector, and head 0 of the reward model's first layer starts as a "same word" matching head
+(W_Q = W_K on the slowly rotating RoPE dimensions, `rope_theta` 1e6), through which a word of the response finds
+the same word in the request. Without these hints the models did not learn to copy or to match concepts within the
+time budget. Reward validation RMSE (held-out world rows): {rm_val}.
 
 ## Tokenizers
 **tiny-target / tiny-draft** (identical files): word level (`tokenizers` WordLevel; whitespace + punctuation
@@ -141,9 +158,16 @@ contain). Words outside the world become `<|unk|>`.
 "kicks" -> `kick ##s`; whole words otherwise: "dancing"), case-sensitive, {len(rm_vocab)} tokens: lower-case words in
 alphabetical order, then the upper-case words of requests ("DOG", "WRITE"), the suffix pieces, and the special
 tokens last: {specials(rm_vocab, tokenization.RM_SPECIALS)}; pad `[PAD]`, EOS `[EOS]`, `padding_side` right.
-Its chat template renders the assistant's turn FIRST, lower-cased, and the request after it, upper-cased, framed by
-`[BOS]` ... `[EOS]`: a causal model can then let each concept of the request ("DOG", a token of its own) look back
-at the response ("dog ##s") and see whether it is covered, and the score is read at `[EOS]`:
+Its chat template renders the turns in order, the prompt first: the request upper-cased, then the response
+lower-cased, then `[EOS]`, where the score is read (the newline before it is whitespace, not a token). Winnow
+scores partial responses again and again as they grow (Speculative Rejection's decisions) and keeps each
+candidate's reward-model cache between scores: with the prompt first, a prompt is encoded once for all its
+candidates and a decision feeds only the response's new tokens and `[EOS]`. (The first version rendered the
+response first and the request after it, so that each concept of the request could look back at the response;
+the whole request then sat in the end-of-turn tail and was fed again at every decision for every candidate, and
+Speculative Rejection fed more reward tokens than Best-of-N.) Now a causal model lets each word of the response
+("dog ##s") look back at the request, where a concept is a token of its own ("DOG": the casing tells the request's
+copy from the response's), and count the concepts covered so far:
 ```jinja
 {tokenization.RM_CHAT_TEMPLATE}
 ```
@@ -198,12 +222,13 @@ wall-clock ratio is much closer to 1 than the FLOPs ratio; measure c on the mach
 ## Rebuild
 ```
 python -m assets.build      # writes the folders, build_meta.json, train_concept_sets.txt.gz
+python -m assets.build --only reward  # tiny-reward alone (same data and seeds), build_meta.json updated for it
 python -m assets.measure    # rewrites this README and measurements.json; --readme-only re-renders from the json
 ```
 The last build took {t['total']:.0f} s on {meta.get('cpu_count', '?')} cores with {meta['threads']} torch threads
 ({', '.join(f'{k} {v:.0f} s' for k, v in t.items() if k != 'total')}), with a 1-minute load average of
 {meta.get('load_average_1min', {}).get('start', '?')} at the start and {meta.get('load_average_1min', {}).get('end', '?')} at
-the end (the machine is shared; a busier machine takes proportionally longer). The measurement took
+the end (the machine is shared; a busier machine takes proportionally longer).{_rebuild(meta)} The measurement took
 {f.get('measure_seconds', '?')} s.
 Deterministic: fixed seeds (`assets/build.py`: world {meta['seeds']['world']}, demo prompts
 {meta['seeds']['demo']}), `torch.use_deterministic_algorithms(True)`, {meta['threads']} threads; the same machine and

@@ -3,11 +3,20 @@
 - LM tokenizer (shared by tiny-target and tiny-draft): word level, case-sensitive, ChatML-like chat template,
   special tokens first in the vocabulary (`<|pad|>` 0, `<|unk|>` 1, `<|im_start|>` 2, `<|im_end|>` 3 = EOS).
 - Reward tokenizer (tiny-reward): WordPiece (lemma + `##s`/`##es`/`##d`/`##ed`/`##ing` pieces where the
-  inflection splits cleanly, whole words otherwise), a "### Assistant: ... ### User: ..." template (response first,
-  lower-cased; request after it, upper-cased) framed by `[BOS]` ... `[EOS]`, lower-case words in alphabetical
-  order, then upper-case request words, and the special tokens LAST in the vocabulary. Ids, special tokens,
-  casing, segmentation and template all differ from the LM tokenizer on purpose: a reward has to be computed by
-  decoding the response to text and re-tokenising it.
+  inflection splits cleanly, whole words otherwise), a prompt-first "### User: ... ### Assistant: ..." template
+  (the request upper-cased, then the response lower-cased) framed by `[BOS]` ... `[EOS]`, lower-case words in
+  alphabetical order, then upper-case request words, and the special tokens LAST in the vocabulary. Ids, special
+  tokens, casing, segmentation and template all differ from the LM tokenizer on purpose: a reward has to be
+  computed by decoding the response to text and re-tokenising it.
+
+Why prompt first: Winnow scores partial responses again and again as they grow (Speculative Rejection's decisions)
+and keeps each candidate's reward-model KV cache between scores. With the prompt first, the prompt is encoded once
+for all its candidates and a decision feeds only the response's new tokens plus the end of the turn (`[EOS]`, one
+token: the newline is whitespace to the pre-tokenizer). The first version rendered the response first and the
+request after it, so that each concept of the request could look back at the response; but then the whole request
+sat in the end-of-turn tail that moves as the response grows, and was fed again at every decision for every
+candidate (Speculative Rejection fed more reward tokens than Best-of-N). Now each response word looks back at the
+request instead (is it one of the requested concepts, and its first occurrence?), and `[EOS]` counts.
 """
 
 from __future__ import annotations
@@ -27,17 +36,18 @@ LM_CHAT_TEMPLATE = (
 
 RM_SPECIALS = ["[UNK]", "[PAD]", "[BOS]", "[EOS]"]
 RM_SUFFIXES = ["##s", "##es", "##d", "##ed", "##ing"]
-# The assistant's turn is rendered FIRST (lower-cased), then the other turns (upper-cased): a causal reward model
-# can then let each concept of the request look back at the response and see whether it is covered, and the last
-# token ([EOS], where the score is read) only has to average over the concepts. The casing makes a concept in the
-# request ("DOG") a different token from the same word in the response ("dog").
+# Every turn in order, the prompt first: "### User: " + the request upper-cased, then "### Assistant: " + the
+# response lower-cased, then [EOS] (where the score is read). A causal reward model lets each word of the response
+# look back at the request and see whether it is a requested concept; the casing makes a concept in the request
+# ("DOG") a different token from the same word in the response ("dog"), so a "same word" match can tell the two
+# apart from the first layer on (a lower-cased request trained worse: validation RMSE 0.078 against 0.057 on whole
+# responses, 0.131 against 0.125 overall). A response that grows keeps its cache: only its new tokens and [EOS] are
+# fed.
 RM_CHAT_TEMPLATE = (
     "[BOS]"
-    "{% for message in messages if message['role'] == 'assistant' %}"
-    "### Assistant: {{ message['content'] | lower }}\n"
-    "{% endfor %}"
-    "{% for message in messages if message['role'] != 'assistant' %}"
-    "### {{ message['role'] | capitalize }}: {{ message['content'] | upper }}\n"
+    "{% for message in messages %}"
+    "### {{ message['role'] | capitalize }}: "
+    "{{ message['content'] | lower if message['role'] == 'assistant' else message['content'] | upper }}\n"
     "{% endfor %}"
     "[EOS]"
 )

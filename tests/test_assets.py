@@ -140,7 +140,7 @@ def test_chat_templates_render(lm_tok, rm_tok):
     conv = user + [{"role": "assistant", "content": "The dog kicks the ball."}]
     r = rm_tok.apply_chat_template(conv, tokenize=False)
     assert "### User: " + PROMPT.upper() in r and "### Assistant: the dog kicks the ball." in r
-    assert r.index("### Assistant:") < r.index("### User:")  # the response is rendered first
+    assert r.index("### User:") < r.index("### Assistant:")  # the prompt first: a growing response keeps its cache
     r_ids = rm_tok.apply_chat_template(conv)["input_ids"]
     assert r_ids[-1] == rm_tok.eos_token_id and rm_tok.unk_token_id not in r_ids
 

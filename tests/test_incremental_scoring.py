@@ -19,8 +19,14 @@ from workers.scoring.items import Scored
 from workers.scoring.reward_model import CachedScoring, RewardModelScorer
 from workers.scoring.scorers import Rescoring
 
-# Most reward models' templates render the prompt first; the bundled one renders the response first (its end-of-turn
-# tail then holds the whole prompt), so both shapes are tried.
+# Most reward models' templates render the prompt first, as the bundled one does (PROMPT_FIRST spells out one like
+# it); a template that renders the response first (RESPONSE_FIRST, the bundled one's until issue 27) puts the whole
+# prompt in its end-of-turn tail, fed again at every score, so both shapes are tried.
+RESPONSE_FIRST = (
+    "[BOS]{% for message in messages if message['role'] == 'assistant' %}### Assistant: {{ message['conte"
+    "nt'] | lower }}\n{% endfor %}{% for message in messages if message['role'] != 'assistant' %}### {{ me"
+    "ssage['role'] | capitalize }}: {{ message['content'] | upper }}\n{% endfor %}[EOS]"
+)
 PROMPT_FIRST = (
     "[BOS]{% for m in messages %}### {{ m['role'] | capitalize }}: {{ m['content'] | upper if m['role'] != "
     "'assistant' else m['content'] | lower }}\n{% endfor %}[EOS]"
@@ -196,18 +202,18 @@ def test_sr_feeds_the_reward_model_under_1_2_tokens_per_generated_token():
     assert whole_tokens / generated > 1.4
 
 
-@pytest.mark.parametrize("template", [PROMPT_FIRST, None])
+@pytest.mark.parametrize("template", [PROMPT_FIRST, None, RESPONSE_FIRST])
 def test_sr_on_the_tiny_trio_gives_the_rows_of_whole_scoring_for_fewer_reward_tokens(template):
     """The bundled reward model splits words the target keeps whole (1.09 reward tokens per generated token for the
-    responses alone): with a prompt-first template SR feeds it under 1.2 tokens per token of the responses as it
-    tokenises them. Its own template puts the prompt after the response, to be fed again at every score, so the
-    saving there is smaller. Either way the rows are those of whole scoring."""
+    responses alone): with a prompt-first template (its own, None) SR feeds it under 1.2 tokens per token of the
+    responses as it tokenises them. A template that puts the prompt after the response feeds it again at every
+    score, so the saving there is smaller. Either way the rows are those of whole scoring."""
     scorer = scorer_with(template)
     got, reward_tokens, generated = run_sr(scorer)
     want, whole_tokens, _ = run_sr(whole_scorer(scorer))
     assert_same_rows(got, want)
     assert reward_tokens < 0.9 * whole_tokens
-    if template is PROMPT_FIRST:
+    if template is not RESPONSE_FIRST:
         responses = sum(len(scorer.tok(c.text.lower(), add_special_tokens=False)["input_ids"])
                         for r in got for c in r.candidates)
         assert reward_tokens / responses < 1.2

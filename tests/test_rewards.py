@@ -163,8 +163,7 @@ def test_model_reward_shares_the_prompt_prefix_and_scores_as_if_whole():
 
     bundled = Runner(config()).reward
     assert bundled.shares_prefix  # the bundled reward model is causal and takes a cache
-    # Its template renders the response first, so candidates share almost nothing; most reward models' templates
-    # render the prompt first, as this one does.
+    # Its template renders the prompt first, as most reward models' do, and as this one spelled out here does.
     tok = copy.deepcopy(bundled.tok)
     tok.chat_template = (
         "[BOS]{% for m in messages %}### {{ m['role'] | capitalize }}: {{ m['content'] | upper if m['role'] != "
