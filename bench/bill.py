@@ -180,7 +180,7 @@ def bench_case(case: Case, engine: str, n: int, width: int, repeats: int, tmp: s
     return out
 
 
-def make_cases(names: list[str], prompts: int, tmp: str) -> list[Case]:
+def make_cases(names: list[str], prompts: int, tmp: str, new_tokens: int | None = None) -> list[Case]:
     from runfolder.parameters import count_parameters
 
     cases = []
@@ -190,7 +190,7 @@ def make_cases(names: list[str], prompts: int, tmp: str) -> list[Case]:
 
             target, reward = assets.resolve("builtin:tiny-target"), assets.resolve("builtin:tiny-reward")
             cases.append(Case(name, {"target": target, "reward": {"kind": "model", "path": reward}},
-                              concept_items(prompts), 48,
+                              concept_items(prompts), new_tokens or 48,
                               {"target": count_parameters(target), "reward": count_parameters(reward)}))
         elif name in ("smollm2", "smollm2-rm", "smollm2-rm-long"):
             from assets import smollm2
@@ -209,7 +209,7 @@ def make_cases(names: list[str], prompts: int, tmp: str) -> list[Case]:
                 from transformers import AutoTokenizer
 
                 items = long_items(items, 512, AutoTokenizer.from_pretrained(target))
-            cases.append(Case(name, models, items, 64, parameters))
+            cases.append(Case(name, models, items, new_tokens or 64, parameters))
         else:
             raise SystemExit(f"--cases: unknown case {name!r}")
     return cases
@@ -224,28 +224,34 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--width", type=int, default=256, help="models.max_num_seqs: sequences per decoding step")
     ap.add_argument("--repeats", type=int, default=1, help="runs of each side, alternating (least CPU time kept)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (hf engine)")
-    ap.add_argument("--json", help="also write every figure to this file")
+    ap.add_argument("--new-tokens", type=int, default=None, help="generation.max_new_tokens (default: the case's)")
+    ap.add_argument("--json", help="also write every figure to this file (its cases are added to those it holds)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     load = os.getloadavg()
     out: dict = {"prompts": args.prompts, "width": args.width, "threads": args.threads, "load_before": load,
                  "cases": {}}
     with tempfile.TemporaryDirectory(prefix="winnow-bench-bill-") as tmp:
-        for case in make_cases(args.cases.split(","), args.prompts, tmp):
+        for case in make_cases(args.cases.split(","), args.prompts, tmp, args.new_tokens):
             for engine in args.engines.split(","):
                 for n in (int(x) for x in args.ns.split(",")):
                     width = max(args.width, n)
                     got = bench_case(case, engine, n, width, args.repeats, tmp)
-                    out["cases"][f"{case.name} {engine} n={n}"] = got
                     print(table(f"{case.name}, engine {engine}, n = {n}, width {width}, {len(case.items)} prompts",
                                 got, ["mean_best_reward", "decoding_steps", "mean_width", "gflop", "reward_gflop",
                                       "reward_per_generated", "generated_tokens", "cpu_s", "wall_s", "matched_n"],
                                 first="side"), flush=True)
+                    got["setup"] = {"prompts": len(case.items), "width": width, "new_tokens": case.max_new_tokens,
+                                    "repeats": args.repeats, "load": os.getloadavg()}
+                    out["cases"][f"{case.name} {engine} n={n}"] = got
     out["load_after"] = os.getloadavg()
     print(f"\nload average {out['load_before'][0]:.1f} -> {out['load_after'][0]:.1f}")
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+        path = Path(args.json)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists():  # one file for every case: a run adds its cases, replacing those of the same name
+            out["cases"] = {**json.loads(path.read_text())["cases"], **out["cases"]}
+        path.write_text(json.dumps(out, indent=2) + "\n")
     return 0
 
 

@@ -60,9 +60,13 @@ def quickstart_bill() -> str:
                                ("decoding steps", "decoding_steps", 0),
                                ("device-seconds (interleaved pairs)", "device_s", 2)):
         ratio = r.get(key)
-        shown = "" if ratio is None else (f"{ratio:+.4f}" if key == "mean_best_reward" else f"**{ratio:.2f}x**")
+        if key == "mean_best_reward":
+            low, high = r["reward_difference_95"]
+            shown = f"{ratio:+.4f} [{low:+.4f}, {high:+.4f}]"
+        else:
+            shown = "" if ratio is None else f"**{ratio:.2f}x**"
         rows.append([label, fmt(bon[key], digits), fmt(sr[key], digits), shown])
-    return md(["", "Best-of-32", "SR n = 32 (quickstart)", "SR / Best-of-32"], rows)
+    return md(["", "Best-of-32", "SR n = 32 (quickstart)", "SR / Best-of-32 (reward: difference [95%])"], rows)
 
 
 def bill(case: str) -> Callable[[], str]:
@@ -77,13 +81,15 @@ def bill(case: str) -> Callable[[], str]:
             _, engine, n = key.split(" ")
             same, at_n = got["SR / BoN at the same reward"], got["SR / BoN-n"]
             sr = got[f"SR-{n[2:]}"]
-            rows.append([engine, n[2:], fmt(sr["mean_best_reward"], 4), f"BoN-{same['matched_n']:.0f}",
+            setup = got["setup"]
+            rows.append([engine, n[2:], f"{setup['prompts']} x {setup['new_tokens']}", str(setup["width"]),
+                         fmt(sr["mean_best_reward"], 4), f"BoN-{same['matched_n']:.0f}",
                          f"**{same['decoding_steps']:.2f}x**", f"{at_n['decoding_steps']:.2f}x",
                          f"{same['gflop']:.2f}x", f"{at_n['gflop']:.2f}x", fmt(sr["reward_per_generated"], 2),
                          f"{same['cpu_s']:.2f}x", fmt(sr["mean_width"], 0)])
-        return md(["engine", "n", "SR reward", "matches", "steps vs same reward", "steps vs BoN-n",
-                   "FLOPs vs same reward", "FLOPs vs BoN-n", "reward tok / gen tok", "CPU s vs same reward",
-                   "SR mean width"], rows)
+        return md(["engine", "n", "prompts x new tokens", "width", "SR reward", "matches", "steps vs same reward",
+                   "steps vs BoN-n", "FLOPs vs same reward", "FLOPs vs BoN-n", "reward tok / gen tok",
+                   "CPU s vs same reward", "SR mean width"], rows)
 
     return render
 

@@ -51,12 +51,12 @@ def figures(manifest: dict, wall: float) -> dict:
     }
 
 
-def mean_best_reward(out: Path) -> float:
+def best_rewards(out: Path) -> dict[str, float]:
+    """Each prompt's best reward in a run folder."""
     import pyarrow.dataset as pads
 
-    table = pads.dataset(out / "candidates", format="parquet").to_table(columns=["best_reward"])
-    values = [v for v in table.column("best_reward").to_pylist() if v is not None]
-    return sum(values) / len(values)
+    table = pads.dataset(out / "candidates", format="parquet").to_table(columns=["prompt_id", "best_reward"])
+    return dict(zip(table.column("prompt_id").to_pylist(), table.column("best_reward").to_pylist()))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     load = os.getloadavg()
     runs: dict[str, list[dict]] = {"sr": [], "bon": []}
-    printed = {}
+    printed, rewards = {}, {}
     with tempfile.TemporaryDirectory(prefix="winnow-bench-quickstart-") as tmp:
         for i in range(args.pairs):
             for side in (("sr", "bon") if i % 2 == 0 else ("bon", "sr")):
@@ -74,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
                 t0 = time.perf_counter()
                 manifest, stdout = run(SIDES[side], out)
                 fig = figures(manifest, time.perf_counter() - t0)
-                fig["mean_best_reward"] = mean_best_reward(out)
+                rewards[side] = best_rewards(out)
+                fig["mean_best_reward"] = sum(rewards[side].values()) / len(rewards[side])
                 runs[side].append(fig)
                 printed.setdefault(side, stdout)
                 print(f"  {side} #{i}: {fig['device_s']:.2f} device-s, {fig['decoding_steps']:.0f} steps, "
@@ -84,6 +85,14 @@ def main(argv: list[str] | None = None) -> int:
     ratio = {k: sr[k] / bon[k] for k in ("generated_tokens", "reward_tokens", "gflop_per_prompt", "decoding_steps")}
     ratio["device_s"] = device["sr"] / device["bon"]
     ratio["mean_best_reward"] = sr["mean_best_reward"] - bon["mean_best_reward"]
+    # the difference of the two runs' rewards, prompt by prompt, with the report's paired bootstrap interval
+    import numpy as np
+
+    from reporting.stats import bootstrap_intervals
+
+    ids = sorted(rewards["sr"])
+    diff = np.asarray([[rewards["sr"][i] - rewards["bon"][i] for i in ids]])
+    ratio["reward_difference_95"] = [float(v) for v in bootstrap_intervals(diff)[0]]
     out = {"pairs": args.pairs, "load_before": load, "load_after": os.getloadavg(),
            "sr": {**sr, "device_s": device["sr"] / args.pairs}, "bon": {**bon, "device_s": device["bon"] / args.pairs},
            "sr_over_bon": ratio, "device_s_pairs": {s: [f["device_s"] for f in runs[s]] for s in runs},

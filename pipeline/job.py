@@ -232,13 +232,13 @@ def checkpoint_config(folder: RunFolder) -> CheckpointConfig:
     )
 
 
-# A Ray Data task of the actor pool takes one block of prompts and runs its calls one after another on one actor; each
-# call's rows are committed as one data file. The block is the unit an actor is handed: a prompt set read as one block
-# (Ray Data sizes read blocks by bytes, and a few thousand prompts make one) runs on one actor however many the pool
-# holds, and a node that joins mid-run gets no work. So the prompts are read in blocks of about CALLS_PER_BLOCK calls
-# (at least that many, so that a call never spans two blocks, whose order of arrival Ray does not fix), and at most
-# MAX_BLOCKS of them.
-CALLS_PER_BLOCK = 2
+# A Ray Data task of the actor pool takes one block of prompts and runs its calls one after another on one actor; the
+# rows of a block are written, and committed, by one write task. The block is the unit an actor is handed: a prompt set
+# read as one block (Ray Data sizes read blocks by bytes, and a few thousand prompts make one) runs on one actor however
+# many the pool holds, a node that joins mid-run gets no work, and a kill loses every row of the block in flight. So
+# the prompts are read in blocks of about CALLS_PER_BLOCK calls (a call's rows are committed as soon as it ends, as
+# before the blocks were set), at most MAX_BLOCKS of them.
+CALLS_PER_BLOCK = 1
 MAX_BLOCKS = 4096
 
 

@@ -79,9 +79,10 @@ def test_the_actor_pool_follows_workers_and_the_prompts_are_read_in_blocks_of_a_
     elastic = actor_pool(validate_config(job_config(tmp_path, resources={"workers": {"min": 1, "max": 4},
                                                                          "feed_calls": True})))
     assert (elastic.min_size, elastic.max_size, elastic.max_concurrent_calls_per_actor) == (1, 4, 2)
-    # a block is what one actor is handed at a time: two calls, so that every actor (and a node that joins) has work
-    assert [read_blocks(n, 2) for n in (1, 7, 8, 9, 160, 5000)] == [1, 1, 2, 2, 40, 1250]
-    assert [read_blocks(n, 64) for n in (16, 200, 5000)] == [1, 1, 39]
+    # a block is what one actor is handed at a time, and what one write task commits: about one call, so that every
+    # actor (and a node that joins) has work and a call's rows are committed when it ends
+    assert [read_blocks(n, 2) for n in (1, 7, 8, 9, 160, 5000)] == [1, 3, 4, 4, 80, 2500]
+    assert [read_blocks(n, 64) for n in (16, 200, 5000)] == [1, 3, 78]
     assert read_blocks(2_000_000, 4) == MAX_BLOCKS
 
 

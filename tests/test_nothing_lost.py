@@ -264,7 +264,7 @@ def test_resume_repairs_a_damaged_file_and_the_manifest_never_says_less_than_it_
     (Path(folder.path) / "candidates" / "w_000001-0.parquet").write_bytes(b"")
     seen = {}
 
-    def fake_run(config, run_folder):  # Ray's pipeline: writes the prompts not yet written
+    def fake_run(config, run_folder, **_):  # Ray's pipeline: writes the prompts not yet written
         seen["manifest"] = json.loads((Path(folder.path) / "manifest.json").read_text())
         _write(run_folder, "w_000002", ["c", "d"])
 
@@ -300,7 +300,7 @@ def test_a_finished_run_resumed_keeps_saying_succeeded(tmp_path, monkeypatch):
     writes = []
     original = RunFolder.write_manifest
     monkeypatch.setattr(RunFolder, "write_manifest", lambda self, m: (writes.append(m.status), original(self, m)))
-    monkeypatch.setattr(job, "run", lambda *a: pytest.fail("nothing is left to generate"))
+    monkeypatch.setattr(job, "run", lambda *a, **kw: pytest.fail("nothing is left to generate"))
     assert job.execute(job.Plan(cfg, folder, "resume"), None, log=lambda line: None).status == "succeeded"
     assert writes == ["succeeded"]  # never rewritten as running on the way
 
