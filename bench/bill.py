@@ -43,7 +43,7 @@ from pathlib import Path
 
 import torch
 
-from bench.common import table
+from bench.common import table, write_json
 
 ROLES = ("target", "draft", "reward")
 
@@ -102,13 +102,13 @@ class Case:
         self.name, self.models, self.items, self.max_new_tokens = name, models, items, max_new_tokens
         self.parameters = parameters
 
-    def config(self, method: dict, engine: str, width: int, out: str):
+    def config(self, method: dict, engine: str, width: int, out: str, kv_cache_mb: float | None = None):
         from pipeline.preflight import resolved
         from schemas.config import validate_config
 
         return resolved(validate_config({
             "name": f"bill-{self.name}", "seed": 0, "data": {"source": "builtin:demo-prompts"},
-            "models": {**self.models, "engine": engine, "max_num_seqs": width},
+            "models": {**self.models, "engine": engine, "max_num_seqs": width, "kv_cache_mb": kv_cache_mb},
             "method": method,
             "generation": {"max_new_tokens": self.max_new_tokens, "temperature": 1.0},
             "output": {"path": out},
@@ -140,7 +140,8 @@ def run_side(runner, items: list[dict]) -> tuple[list[dict], float, float]:
     return rows, time.process_time() - c, time.perf_counter() - w
 
 
-def bench_case(case: Case, engine: str, n: int, width: int, repeats: int, tmp: str) -> dict:
+def bench_case(case: Case, engine: str, n: int, width: int, repeats: int, tmp: str,
+               kv_cache_mb: float | None = None) -> dict:
     """Best-of-N at n / 4, n / 2 and n and Speculative Rejection's minimal config at n, on one engine and width."""
     from workers.actor.runner import Runner
 
@@ -149,7 +150,7 @@ def bench_case(case: Case, engine: str, n: int, width: int, repeats: int, tmp: s
     first = None
     runners = {}
     for name, method in sides.items():
-        config = case.config(method, engine, width, str(Path(tmp) / "run"))
+        config = case.config(method, engine, width, str(Path(tmp) / "run"), kv_cache_mb)
         runners[name] = Runner(config, share=first) if first is not None else Runner(config)
         first = first or runners[name]
     out: dict[str, dict] = {}
@@ -225,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=1, help="runs of each side, alternating (least CPU time kept)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (hf engine)")
     ap.add_argument("--new-tokens", type=int, default=None, help="generation.max_new_tokens (default: the case's)")
+    ap.add_argument("--kv-cache-mb", type=float, default=None, help="models.kv_cache_mb (default: the engine's)")
     ap.add_argument("--json", help="also write every figure to this file (its cases are added to those it holds)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -236,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
             for engine in args.engines.split(","):
                 for n in (int(x) for x in args.ns.split(",")):
                     width = max(args.width, n)
-                    got = bench_case(case, engine, n, width, args.repeats, tmp)
+                    got = bench_case(case, engine, n, width, args.repeats, tmp, args.kv_cache_mb)
                     print(table(f"{case.name}, engine {engine}, n = {n}, width {width}, {len(case.items)} prompts",
                                 got, ["mean_best_reward", "decoding_steps", "mean_width", "gflop", "reward_gflop",
                                       "reward_per_generated", "generated_tokens", "cpu_s", "wall_s", "matched_n"],
@@ -247,11 +249,9 @@ def main(argv: list[str] | None = None) -> int:
     out["load_after"] = os.getloadavg()
     print(f"\nload average {out['load_before'][0]:.1f} -> {out['load_after'][0]:.1f}")
     if args.json:
-        path = Path(args.json)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if path.exists():  # one file for every case: a run adds its cases, replacing those of the same name
-            out["cases"] = {**json.loads(path.read_text())["cases"], **out["cases"]}
-        path.write_text(json.dumps(out, indent=2) + "\n")
+        if Path(args.json).exists():  # one file for every case: a run adds its cases, replacing those of the same name
+            out["cases"] = {**json.loads(Path(args.json).read_text())["cases"], **out["cases"]}
+        write_json(args.json, out)
     return 0
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 # The tiny-trio benches' job config (bench.bon_sr, bench.vllm_engine); each replaces the sections it varies.
 BASE = {
     "name": "bench",
@@ -27,3 +30,10 @@ def table(title: str, rows: dict[str, dict], cols: list[str], first: str = "meth
     for name, s in rows.items():
         lines.append(f"| {name} | " + " | ".join(fmt(s.get(c)) for c in cols) + " |")
     return "\n".join(lines)
+
+
+def write_json(path: str | Path, figures: dict) -> None:
+    """A bench's figures to `path` (--json): the file docs/figures/ holds and bench.figures renders the docs from."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(figures, indent=2) + "\n")

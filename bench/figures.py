@@ -131,7 +131,11 @@ def write() -> list[str]:
         text = path.read_text()
 
         def sub(m: re.Match) -> str:
-            body = RENDER[m["name"]]()
+            try:
+                body = RENDER[m["name"]]()
+            except (OSError, KeyError, ValueError) as err:  # no file yet: the table is left as it is, and said
+                changed.append(f"{path.relative_to(ROOT)}: {m['name']} NOT rendered ({type(err).__name__}: {err})")
+                return m.group(0)
             if body != m["body"]:
                 changed.append(f"{path.relative_to(ROOT)}: {m['name']}")
             return f"<!-- figures:{m['name']} -->\n{body}<!-- /figures:{m['name']} -->"

@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import table
+from bench.common import table, write_json
 
 ROOT = Path(__file__).resolve().parent.parent
 SIDES = {"sr": "configs/quickstart.yaml", "bon": "configs/best_of_n.yaml"}
@@ -103,8 +103,7 @@ def main(argv: list[str] | None = None) -> int:
                 {"SR n=32": out["sr"], "Best-of-32": out["bon"], "SR / Best-of-32": ratio}, cols, first="run"))
     print(f"\nload average {load[0]:.1f} -> {out['load_after'][0]:.1f}\n\nthe quickstart printed:\n{printed['sr']}")
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+        write_json(args.json, out)
     return 0
 
 

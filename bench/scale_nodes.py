@@ -45,7 +45,9 @@ import threading
 import time
 from pathlib import Path
 
-from bench.common import table
+from bench.common import table, write_json
+from pipeline.faults import inflight_records
+from runfolder.folder import RunFolder
 
 ROOT = Path(__file__).resolve().parent.parent
 THINGS = ["river", "lamp", "garden", "train", "violin", "market", "winter", "harbor", "kitchen", "mountain", "letter",
@@ -222,7 +224,7 @@ def run_scenario(name: str, args, root: Path, source: Path, nodes: int, workers,
                                         stderr=subprocess.STDOUT)
                 while proc.poll() is None:
                     done = committed(out)
-                    for rec in _records(out):
+                    for rec in inflight_records(RunFolder(str(out))):
                         batches[rec.get("node_id")].add((rec.get("pid"), rec.get("started_at"), rec.get("first")))
                     if events and added is None and batches and done >= args.add_at * args.prompts:
                         added = cluster.add_node(num_cpus=1)
@@ -264,18 +266,6 @@ def run_scenario(name: str, args, root: Path, source: Path, nodes: int, workers,
     result["batches by node"] = {names.get(k, str(k)[:8]): len(v) for k, v in batches.items()}
     result["rows_dir"] = str(out)
     return result
-
-
-def _records(run: Path) -> list[dict]:
-    out = []
-    inflight = run / "_inflight"
-    if inflight.exists():
-        for p in inflight.glob("*.json"):
-            try:
-                out.append(json.loads(p.read_text()))
-            except (OSError, ValueError):
-                pass
-    return out
 
 
 def compare(nodes_run: str, one_run: str, prompts: int) -> dict:
@@ -370,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     for label, check in checks.items():
         print(f"{label}, against one node: {check}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"results": results, "checks": checks}, indent=2))
+        write_json(args.json, {"results": results, "checks": checks})
     return 0
 
 

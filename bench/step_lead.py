@@ -21,6 +21,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from bench.common import write_json
+
 ROOT = Path(__file__).resolve().parent.parent
 
 # Run inside the code under test (its own packages first on sys.path): argv = CODE MODEL REPEATS.
@@ -111,8 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     out["load_after"] = os.getloadavg()
     print(f"load average {out['load_before'][0]:.1f} -> {out['load_after'][0]:.1f}")
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+        write_json(args.json, out)
     return 0
 
 

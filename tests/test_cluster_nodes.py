@@ -14,16 +14,15 @@ its `fake_multinode` provider, which starts real raylets here as the autoscaler 
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
-import queue
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -34,6 +33,9 @@ import yaml
 from conftest import ROOT, job_config, winnow, write_config
 from pipeline import cluster
 from pipeline.cluster import Autoscaler, Node, NodeGroup, check_room
+from pipeline.faults import inflight_records
+from runfolder.folder import RunFolder
+from tests.ray_clusters import SimulatedCluster
 from schemas.base import InputError
 from schemas.config import ConfigError, validate_config
 
@@ -319,90 +321,6 @@ def paced_reward(prompts, texts):
     return [(sum(map(ord, t)) % 97) / 97 for t in texts]
 
 
-# A head without CPUs (the driver joins it) and one 1-CPU worker node. Commands on stdin, one JSON answer each:
-# `add CPUS` (a worker node joins), `remove NODE_ID` (it leaves: its raylet is told to stop, as a node taken back with
-# notice), `shutdown`.
-CLUSTER_HELPER = r"""
-import json, socket, sys
-from ray.cluster_utils import Cluster
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-cluster = Cluster(initialize_head=True, head_node_args={
-    "num_cpus": 0, "include_dashboard": False, "dashboard_port": free_port(),
-    "dashboard_agent_listen_port": free_port(), "metrics_export_port": free_port(),
-    "runtime_env_agent_port": free_port(), "ray_client_server_port": free_port()})
-try:
-    first = cluster.add_node(num_cpus=1)
-    cluster.wait_for_nodes()
-    print(json.dumps({"address": cluster.address, "first": first.node_id}), flush=True)
-    for line in sys.stdin:
-        cmd = line.split()
-        if cmd[:1] == ["add"]:
-            n = cluster.add_node(num_cpus=float(cmd[1]))
-            print(json.dumps({"added": n.node_id}), flush=True)
-        elif cmd[:1] == ["remove"]:
-            n = next(n for n in cluster.worker_nodes if n.node_id == cmd[1])
-            cluster.remove_node(n, allow_graceful=True)
-            print(json.dumps({"removed": cmd[1]}), flush=True)
-        elif cmd[:1] == ["shutdown"]:
-            break
-finally:
-    cluster.shutdown()
-"""
-
-
-class Nodes:
-    """The helper process and its cluster; every Ray process of it shares the helper's process group."""
-
-    def __init__(self, env: dict, log: Path):
-        self.log = log
-        with open(log, "w") as err:
-            self.proc = subprocess.Popen([sys.executable, "-c", CLUSTER_HELPER], stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE, stderr=err, text=True, env=env,
-                                         start_new_session=True)
-        self.lines: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=lambda: [self.lines.put(line) for line in self.proc.stdout], daemon=True).start()
-        self.info = self.answer(180)
-
-    def answer(self, timeout: float = 120) -> dict:
-        try:
-            line = self.lines.get(timeout=timeout)
-        except queue.Empty:
-            line = ""
-        if not line:
-            pytest.fail(f"the cluster helper did not answer:\n{self.log.read_text()[-3000:]}")
-        return json.loads(line)
-
-    def ask(self, command: str) -> dict:
-        self.proc.stdin.write(command + "\n")
-        self.proc.stdin.flush()
-        return self.answer()
-
-    def shutdown(self) -> None:
-        try:
-            if self.proc.poll() is None:
-                self.proc.stdin.write("shutdown\n")
-                self.proc.stdin.flush()
-                self.proc.wait(90)
-        except (OSError, subprocess.TimeoutExpired):
-            pass
-        finally:
-            with _suppress_lookup():
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(30)
-
-
-class _suppress_lookup:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, kind, *rest):
-        return kind is ProcessLookupError
-
 
 def _job(tmp_path: Path, name: str, workers, prompts: Path) -> Path:
     cfg = job_config(tmp_path, data={"source": str(prompts), "limit": None}, method={"name": "best_of_n", "n": 4},
@@ -442,7 +360,7 @@ def test_a_node_that_joins_takes_batches_and_one_that_leaves_loses_nothing(tmp_p
     pace = tmp_path / "pace"  # absent for the baseline: the reward does not wait
     env = {**_private_env(temp), "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]),
            PACE_FILE: str(pace)}
-    nodes = Nodes(env, tmp_path / "cluster.log")
+    nodes = SimulatedCluster(env, tmp_path / "cluster.log")
     try:
         env = {**env, "RAY_ADDRESS": nodes.info["address"]}
         single = tmp_path / "single"
@@ -466,12 +384,12 @@ def test_a_node_that_joins_takes_batches_and_one_that_leaves_loses_nothing(tmp_p
             added = removed = None
             deadline = time.monotonic() + 300
             while job.poll() is None and time.monotonic() < deadline:
-                for rec in _records(run):
+                for rec in inflight_records(RunFolder(str(run))):
                     ran[rec["node_id"]].add((rec["pid"], rec["first"]))
                 if added is None and ran:
                     added = nodes.ask("add 2")["added"]  # the pool's waiting actor starts there, and room for one more
                 elif added is not None and removed is None and ran.get(added):
-                    removed = nodes.ask(f"remove {nodes.info['first']}")["removed"]
+                    removed = nodes.ask(f"remove {nodes.info['workers'][0]}")["removed"]
                 time.sleep(0.05)
             status = job.wait(max(1.0, deadline - time.monotonic()))
         finally:
@@ -480,7 +398,7 @@ def test_a_node_that_joins_takes_batches_and_one_that_leaves_loses_nothing(tmp_p
                 job.wait(30)
         stderr = (moved / "err").read_text()
         assert status == 0, stderr[-3000:]
-        assert added and removed == nodes.info["first"], (added, removed, dict(ran))
+        assert added and removed == nodes.info["workers"][0], (added, removed, dict(ran))
         assert ran[added], "the node that joined ran no batch"
         after = {pid_first for pid_first in ran[added]}
         assert len(after) >= 2, f"the new node ran {sorted(after)}"
@@ -490,18 +408,6 @@ def test_a_node_that_joins_takes_batches_and_one_that_leaves_loses_nothing(tmp_p
     finally:
         nodes.shutdown()
         shutil.rmtree(temp, ignore_errors=True)
-
-
-def _records(run: Path) -> list[dict]:
-    out = []
-    inflight = run / "_inflight"
-    if inflight.exists():
-        for p in inflight.glob("*.json"):
-            try:
-                out.append(json.loads(p.read_text()))
-            except (OSError, ValueError):
-                pass
-    return out
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -569,7 +475,7 @@ def autoscaling_cluster(tmp_path):
                        capture_output=True)
         yield address, {**env, "RAY_ADDRESS": address}
     finally:
-        with _suppress_lookup():
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(head.pid, signal.SIGKILL)  # the head's processes and the nodes its autoscaler started
         shutil.rmtree(temp, ignore_errors=True)
 

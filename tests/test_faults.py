@@ -23,14 +23,12 @@ import collections
 import json
 import math
 import os
-import queue
 import re
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -41,6 +39,7 @@ from ray.exceptions import ActorUnavailableError, RayActorError
 from conftest import ROOT, job_config, write_config
 from pipeline import faults
 from runfolder.folder import RunFolder
+from tests.ray_clusters import SimulatedCluster
 
 PROMPTS = 24  # an actor runs two batches at once (workers.pool.loop): enough batches start after the first commit
 # Slow enough that a batch is still running when the test, polling every 20 ms, sees its record and kills (a batch of
@@ -397,90 +396,17 @@ def test_actor_killed_with_retries_is_restarted_and_its_batch_retried(tmp_path, 
 # Loss of a node
 
 
-# A head without CPUs (the driver joins it; nothing heavy runs there) and two 1-CPU worker nodes, so the one actor
-# runs on a worker node and has a free CPU to restart on when that node is gone. Commands on stdin: `kill NODE_ID`
-# (every process of that worker node, with SIGKILL), `shutdown`.
-CLUSTER_HELPER = r"""
-import json, socket, sys
-from ray.cluster_utils import Cluster
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-cluster = Cluster(initialize_head=True, head_node_args={
-    "num_cpus": 0, "include_dashboard": False, "dashboard_port": free_port(),
-    "dashboard_agent_listen_port": free_port(), "metrics_export_port": free_port(),
-    "runtime_env_agent_port": free_port(), "ray_client_server_port": free_port()})
-try:
-    workers = [cluster.add_node(num_cpus=1) for _ in range(2)]
-    cluster.wait_for_nodes()
-    print(json.dumps({"address": cluster.address, "head": cluster.head_node.node_id,
-                      "workers": [n.node_id for n in workers]}), flush=True)
-    for line in sys.stdin:
-        cmd = line.split()
-        if cmd[:1] == ["kill"]:
-            node = next(n for n in cluster.worker_nodes if n.node_id == cmd[1])
-            cluster.remove_node(node, allow_graceful=False)
-            print(json.dumps({"killed": cmd[1]}), flush=True)
-        elif cmd[:1] == ["shutdown"]:
-            break
-finally:
-    cluster.shutdown()
-print(json.dumps({"down": True}), flush=True)
-"""
-
-
-class SimulatedCluster:
-    def __init__(self, env: dict, log: Path):
-        self.log = log
-        with open(log, "w") as err:
-            self.proc = subprocess.Popen([sys.executable, "-c", CLUSTER_HELPER], stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE, stderr=err, text=True, env=env,
-                                         start_new_session=True)
-        self.lines: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=lambda: [self.lines.put(line) for line in self.proc.stdout], daemon=True).start()
-        self.info = self.answer(timeout=180)
-
-    def answer(self, timeout: float = 120) -> dict:
-        try:
-            line = self.lines.get(timeout=timeout)
-        except queue.Empty:
-            line = ""
-        if not line:
-            pytest.fail(f"the cluster helper did not answer:\n{self.log.read_text()[-3000:]}")
-        return json.loads(line)
-
-    def kill_node(self, node_id: str) -> None:
-        self.proc.stdin.write(f"kill {node_id}\n")
-        self.proc.stdin.flush()
-        assert self.answer() == {"killed": node_id}
-
-    def shutdown(self) -> None:
-        try:
-            if self.proc.poll() is None:
-                self.proc.stdin.write("shutdown\n")
-                self.proc.stdin.flush()
-                self.proc.wait(90)
-        except (OSError, subprocess.TimeoutExpired):
-            pass
-        finally:
-            if self.proc.poll() is None:  # the helper and every Ray process it started share its process group
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(30)
-
 
 @pytest.mark.slow
 def test_node_lost_mid_batch_recovers_or_fails_loudly_then_the_rerun_completes(tmp_path, private_ray, baseline):
-    cluster = SimulatedCluster(private_ray, tmp_path / "cluster.log")
+    cluster = SimulatedCluster(private_ray, tmp_path / "cluster.log", workers=2)
     try:
         env = {**private_ray, "RAY_ADDRESS": cluster.info["address"]}
         cfg = fault_config(tmp_path, "run", max_retries=2)
         run = tmp_path / "run"
         def kill_its_node(rec: dict) -> None:
             assert rec["node_id"] in cluster.info["workers"], (rec, cluster.info)
-            cluster.kill_node(rec["node_id"])
+            assert cluster.ask(f"kill {rec['node_id']}") == {"killed": rec["node_id"]}
 
         job, rec, status = hit_mid_batch(cfg, run, env, "first", kill_its_node)
         assert "joined the Ray cluster at RAY_ADDRESS=" in job.stdout
