@@ -15,7 +15,6 @@ import argparse
 import json
 import os
 import pathlib
-import statistics
 import time
 
 import numpy as np

@@ -33,7 +33,6 @@ committed, and is generated again otherwise.
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from dataclasses import dataclass
@@ -308,7 +307,8 @@ def connect() -> str:
         quiet_ray_data()
         return "using the Ray instance already initialised in this process"
     address = os.environ.get("RAY_ADDRESS")
-    if "RAY_AUTH_MODE" not in os.environ and starts_local_ray():
+    local = starts_local_ray()
+    if "RAY_AUTH_MODE" not in os.environ and local:
         # Ray 2.60 turns token authentication on for a Ray that ray.init starts, and warns that it did at every
         # start unless RAY_AUTH_MODE says so. Turned on here as Ray does it (the variable, and Ray's cached config
         # read again, which the processes it starts and this driver's client then agree on), without the warning;
@@ -316,7 +316,7 @@ def connect() -> str:
         from ray._private.authentication.authentication_token_setup import _enable_token_auth
 
         _enable_token_auth()
-    ray.init(**ray_init_options())
+    ray.init(**ray_init_options(local))
     quiet_ray_data()
     resources = ray.cluster_resources()
     size = f"{resources.get('CPU', 0):g} CPUs, {resources.get('GPU', 0):g} GPUs"

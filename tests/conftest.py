@@ -13,6 +13,11 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# The `winnow` commands the tests start start local Rays without Ray's dashboard, as the session's own does
+# (pipeline.raydata.ray_init_options): 1 to 4 s less for each, and no dashboard beside the actors on 2 cores.
+# tests/test_cli.py checks that a run without this variable starts it.
+os.environ.setdefault("WINNOW_RAY_DASHBOARD", "0")
+
 
 @pytest.fixture(scope="session")
 def ray_session():

@@ -34,7 +34,8 @@ def test_quickstart_on_two_local_workers(tmp_path):
     run = tmp_path / "quickstart"
     args = ["generate", "configs/quickstart.yaml", "--set", "resources.workers=2", "--set", "data.limit=6",
             "--set", f"output.path={run}"]
-    first = winnow(*args)
+    as_users = {"WINNOW_RAY_DASHBOARD": "1"}  # the tests' other runs go without Ray's dashboard (conftest)
+    first = winnow(*args, env=as_users)
     assert first.returncode == 0, first.stderr[-3000:]
     rows = rows_of(run)
     assert sorted(r["prompt_id"] for r in rows) == sorted(d["id"] for d in DEMO[:6])
@@ -68,13 +69,24 @@ def test_quickstart_on_two_local_workers(tmp_path):
         assert noise not in first.stdout + first.stderr, noise
 
     files = sorted(p.name for p in (run / "candidates").iterdir())
-    again = winnow(*args, "--progress", env={"RAY_ADDRESS": "local"})  # RAY_ADDRESS=local starts a Ray too
+    again = winnow(*args, "--progress", env={"RAY_ADDRESS": "local", **as_users})  # RAY_ADDRESS=local starts a Ray
     assert again.returncode == 0, again.stderr[-3000:]
     assert "6 already written; nothing left to generate" in again.stdout
     assert "winnow generate: started a local Ray (" in again.stdout and "joined" not in again.stdout
     assert "Started a local Ray instance" in again.stdout + again.stderr  # Ray's INFO line, with --progress
+    assert "View the dashboard at" in again.stdout + again.stderr  # a user's local Ray has its dashboard
     assert sorted(p.name for p in (run / "candidates").iterdir()) == files
     assert manifest_of(run)["rows"] == 6
+
+
+def test_a_local_ray_goes_without_the_dashboard_only_where_asked(monkeypatch):
+    from pipeline.raydata import ray_init_options
+
+    monkeypatch.delenv("WINNOW_RAY_DASHBOARD", raising=False)
+    assert "include_dashboard" not in ray_init_options(True)  # Ray's default: the dashboard where it is installed
+    monkeypatch.setenv("WINNOW_RAY_DASHBOARD", "0")
+    assert ray_init_options(True)["include_dashboard"] is False
+    assert "include_dashboard" not in ray_init_options(False)  # a cluster joined keeps its own (ray.init refuses it)
 
 
 def test_changed_config_is_refused_and_overwrite_replaces_it(ray_session, tmp_path, capsys):

@@ -16,7 +16,7 @@ import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import pytest
 import torch
-from conftest import job_config, kill_once_committed, winnow, write_config
+from conftest import job_config, write_config
 from trio_helpers import config, demo_items
 
 try:
@@ -319,32 +319,6 @@ def test_modules_that_vllms_start_up_scan_trips_on_are_hidden_while_it_runs():
         del sys.modules[mod.__name__]
 
 
-@pytest.mark.slow
-def test_a_run_killed_mid_way_resumes_and_writes_each_prompt_exactly_once(tmp_path):
-    """`winnow generate` with engine vllm killed with SIGKILL (driver, its local Ray, the actor and its engine) once
-    a batch has committed; the rerun resumes and writes every prompt exactly once."""
-    import collections
-    import json
-
-    import assets
-
-    run = tmp_path / "run"
-    cfg = write_config(tmp_path / "job.yaml", job_config(
-        tmp_path, models={"target": "builtin:tiny-target", "reward": {"kind": "model", "path": "builtin:tiny-reward"},
-                          **MODELS},
-        method={"name": "best_of_n", "n": 32}, generation={"max_new_tokens": 64}, data={"limit": None},
-        resources={"workers": 1, "prompts_per_batch": 1}))
-    kill_once_committed(cfg, run, tmp_path / "first.log")
-    prompts = [p["prompt_id"] for p in assets.demo_prompts(0, None)]
-    written = len({r["prompt_id"] for r in pads.dataset(str(run / "candidates")).to_table().to_pylist()})
-    assert 0 < written < len(prompts), f"the kill should land mid-run; {written} rows were written"
-    assert json.loads((run / "manifest.json").read_text())["status"] == "running"
-
-    second = winnow("generate", str(cfg))
-    assert second.returncode == 0, second.stderr[-3000:]
-    assert f"{written} already written" in second.stdout
-    rows = pads.dataset(str(run / "candidates")).to_table().to_pylist()
-    assert collections.Counter(r["prompt_id"] for r in rows) == collections.Counter(prompts)  # exactly once
-    assert all(r["error"] is None and len(r["candidates"]) == 32 for r in rows)
-    m = json.loads((run / "manifest.json").read_text())
-    assert (m["status"], m["rows"], m["prompts"]) == ("succeeded", len(prompts), len(prompts))
+# A run on the vllm engine killed with SIGKILL and resumed, every prompt written once: in test_vllm_reward.py
+# (test_winnow_generate_on_vllm_engines_killed_and_resumed_scores_each_prompt_once), the target and the reward each on
+# a vLLM engine, which needs the `real` extra for the reward's SmolLM2 backbone.

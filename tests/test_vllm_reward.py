@@ -233,24 +233,27 @@ def test_the_bench_runs_both_reward_engines_to_the_same_rows(target, tmp_path, c
 
 
 @pytest.mark.slow
-def test_winnow_generate_with_the_vllm_reward_killed_and_resumed_scores_each_prompt_once(folder, reference, tmp_path):
-    """The job as a user runs it: `winnow generate` on a local Ray, the reward on a vLLM engine in the actor, killed
-    with SIGKILL (driver, Ray, actor and both engines) once a batch has committed, then run again: every prompt is
-    written exactly once, and each answer's reward is the transformers score of its text."""
+def test_winnow_generate_on_vllm_engines_killed_and_resumed_scores_each_prompt_once(folder, reference, tmp_path):
+    """The job as a user runs it: `winnow generate` on a local Ray, the target on the `vllm` engine and the reward
+    on a vLLM engine of its own in the actor, killed with SIGKILL (driver, Ray, actor and both engines) once a batch
+    has committed, then run again: every prompt is written exactly once, with all its candidates, and each answer's
+    reward is the transformers score of its text."""
     import collections
+    import json
 
     import pyarrow.dataset as pads
 
     run = tmp_path / "run"
     cfg = write_config(tmp_path / "job.yaml", job_config(
         tmp_path, data={"source": "builtin:demo-prompts", "prompt_column": "prompt", "id_column": "id", "limit": 16},
-        models={"target": "builtin:tiny-target",
+        models={"target": "builtin:tiny-target", "engine": "vllm", "kv_cache_mb": 64,
                 "reward": {"kind": "model", "path": str(folder), "engine": "vllm", "kv_cache_mb": 512}},
         method={"name": "best_of_n", "n": 8}, generation={"max_new_tokens": 32},
         resources={"workers": 1, "prompts_per_batch": 1}))
     kill_once_committed(cfg, run, tmp_path / "first.log")
     written = len({r["prompt_id"] for r in pads.dataset(str(run / "candidates")).to_table().to_pylist()})
     assert 0 < written < 16, f"the kill should land mid-run; {written} rows were written"
+    assert json.loads((run / "manifest.json").read_text())["status"] == "running"
 
     done = winnow("generate", str(cfg))
     assert done.returncode == 0, done.stderr[-3000:]
@@ -258,5 +261,8 @@ def test_winnow_generate_with_the_vllm_reward_killed_and_resumed_scores_each_pro
     rows = sorted(pads.dataset(str(run / "candidates")).to_table().to_pylist(), key=lambda r: r["prompt_id"])
     assert collections.Counter(r["prompt_id"] for r in rows) == collections.Counter(
         i["prompt_id"] for i in demo_items(16))  # exactly once
+    assert all(r["error"] is None and len(r["candidates"]) == 8 for r in rows)
+    m = json.loads((run / "manifest.json").read_text())
+    assert (m["status"], m["rows"], m["prompts"]) == ("succeeded", 16, 16)
     want = reference["hf"]([Scored(i, r["prompt"], r["best_text"], [], []) for i, r in enumerate(rows)], Meter(16))
     assert close([r["best_reward"] for r in rows], want), ([r["best_reward"] for r in rows], want)
