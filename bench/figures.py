@@ -94,10 +94,35 @@ def bill(case: str) -> Callable[[], str]:
     return render
 
 
+def reward_tokens(case: str) -> Callable[[], str]:
+    """One case of bench.bill, its reward-model tokens only: each side's generated tokens, the tokens its reward
+    model was fed, and the two over each other (for a case whose sides are too few prompts to fill the width, so its
+    steps say nothing, or whose reward's scores mean nothing)."""
+
+    def render() -> str:
+        f = load("bill")
+        rows = []
+        for key, got in f["cases"].items():
+            if not key.startswith(case + " "):
+                continue
+            _, engine, n = key.split(" ")
+            setup = got["setup"]
+            for side in sorted((k for k in got if k.startswith(("BoN-", "SR-"))), key=lambda k: (k[:2], int(k.split("-")[1]))):
+                fig = got[side]
+                fed = fig["reward_per_generated"] * fig["generated_tokens"]
+                rows.append([engine, f"{setup['prompts']} x {setup['new_tokens']}", side,
+                             f"{fig['generated_tokens']:,}", f"{fed:,.0f}", fmt(fig["reward_per_generated"], 2)])
+        return md(["engine", "prompts x new tokens", "side", "generated tokens", "reward-model tokens",
+                   "reward tok / gen tok"], rows)
+
+    return render
+
+
 RENDER: dict[str, Callable[[], str]] = {
     "quickstart-summary": quickstart_summary,
     "quickstart-bill": quickstart_bill,
-    **{f"bill-{case}": bill(case) for case in ("tiny", "smollm2", "smollm2-rm", "smollm2-rm-long")},
+    **{f"bill-{case}": bill(case) for case in ("tiny", "smollm2")},
+    "bill-smollm2-rm-long": reward_tokens("smollm2-rm-long"),
 }
 
 
