@@ -77,32 +77,43 @@ def records(run: Path) -> list[dict]:
 
 
 def close(a, b) -> bool:
-    """Rewards agree: equal, or both floats within float32 rounding. A resumed run can batch the remaining prompts
-    differently, and the reward model's padded batches then round differently in the 7th digit (texts and tokens do
-    not change: sampling is a function of seed, prompt and position only)."""
+    """Rewards agree: equal, or both floats within float32 rounding (a resumed run batches the remaining prompts
+    differently, and a padded batch rounds differently in the 7th digit)."""
     if a is None or b is None:
         return a is b
     return math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-6)
 
 
 def assert_same_rows(run: Path, baseline: dict[str, dict]) -> None:
-    """Every prompt exactly once, and each row's deterministic columns as in the uninterrupted run."""
+    """Every prompt exactly once, and each row's deterministic columns as in the uninterrupted run, to what
+    docs/jobs.md promises of `resources.feed_calls: true` (these runs feed an actor two calls at once): which prompts
+    share a forward depends on how Ray timed the calls, so a sampled token may differ where its draw falls within
+    float rounding of a boundary, after which that candidate follows its own path. At most one candidate in 32 may
+    differ so; every other candidate, and every row none of whose candidates differ, is as in the baseline."""
     rows = rows_of(run)
     assert collections.Counter(r["prompt_id"] for r in rows) == collections.Counter(list(baseline))  # exactly once
+    differ, total = [], 0
     for r in rows:
         want = baseline[r["prompt_id"]]
         pid = r["prompt_id"]
         assert r["error"] == want["error"], pid
         got_c, want_c = r["candidates"], want["candidates"]
-        assert [(c["text"], c["num_tokens"], c["finish_reason"]) for c in got_c] == \
-               [(c["text"], c["num_tokens"], c["finish_reason"]) for c in want_c], pid
-        for g, w in zip(got_c, want_c):
+        assert len(got_c) == len(want_c), pid
+        total += len(got_c)
+        moved = False
+        for i, (g, w) in enumerate(zip(got_c, want_c)):
+            if (g["text"], g["num_tokens"], g["finish_reason"]) != (w["text"], w["num_tokens"], w["finish_reason"]):
+                differ.append((pid, i, w["text"], g["text"]))
+                moved = True
+                continue
             assert close(g["reward"], w["reward"]), (pid, g["reward"], w["reward"])
             assert len(g["partial_rewards"]) == len(w["partial_rewards"]), pid
             assert all(close(x, y) for x, y in zip(g["partial_rewards"], w["partial_rewards"])), pid
-        assert (r["best_index"], r["best_text"]) == (want["best_index"], want["best_text"]), pid
-        assert close(r["best_reward"], want["best_reward"]), pid
-        # not cost: a prompt's tokens and seconds include its share of its batch's padding and time
+        assert r["best_text"] == got_c[r["best_index"]]["text"], pid
+        if not moved:
+            assert (r["best_index"], r["best_text"]) == (want["best_index"], want["best_text"]), pid
+            assert close(r["best_reward"], want["best_reward"]), pid
+    assert len(differ) <= total // 32, differ  # not cost: a row's share of its batch's padding and time varies
 
 
 @pytest.fixture
