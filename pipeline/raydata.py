@@ -38,10 +38,11 @@ def set_progress(on: bool) -> None:
 
 def ray_init_options(starts_local: bool) -> dict:
     """Keyword arguments of `ray.init` for the chosen output: Ray's own INFO lines only with progress; a local Ray
-    that this process starts (`starts_local`) goes without Ray's dashboard where WINNOW_RAY_DASHBOARD=0 (1 to 4 s less
-    to start on a 2-core machine, and a process less beside the actors; a cluster one joins keeps its own)."""
+    that this process starts (`starts_local`) goes without Ray's dashboard where WINNOW_RAY_DASHBOARD is 0 (or false,
+    no, off): 1 to 4 s less to start on a 2-core machine, and a process less beside the actors. A cluster that this
+    process joins keeps its own (ray.init refuses the option there)."""
     options = {} if PROGRESS["on"] else {"logging_level": logging.WARNING}
-    if starts_local and os.environ.get("WINNOW_RAY_DASHBOARD", "1") == "0":
+    if starts_local and os.environ.get("WINNOW_RAY_DASHBOARD", "").strip().lower() in ("0", "false", "no", "off"):
         options["include_dashboard"] = False
     return options
 

@@ -84,8 +84,12 @@ def test_a_local_ray_goes_without_the_dashboard_only_where_asked(monkeypatch):
 
     monkeypatch.delenv("WINNOW_RAY_DASHBOARD", raising=False)
     assert "include_dashboard" not in ray_init_options(True)  # Ray's default: the dashboard where it is installed
+    for off in ("0", "false", "Off"):
+        monkeypatch.setenv("WINNOW_RAY_DASHBOARD", off)
+        assert ray_init_options(True)["include_dashboard"] is False
+    monkeypatch.setenv("WINNOW_RAY_DASHBOARD", "1")
+    assert "include_dashboard" not in ray_init_options(True)
     monkeypatch.setenv("WINNOW_RAY_DASHBOARD", "0")
-    assert ray_init_options(True)["include_dashboard"] is False
     assert "include_dashboard" not in ray_init_options(False)  # a cluster joined keeps its own (ray.init refuses it)
 
 
