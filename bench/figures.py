@@ -15,7 +15,7 @@ import json
 import re
 import sys
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 ROOT = Path(__file__).resolve().parent.parent
 FIGURES = ROOT / "docs" / "figures"
@@ -69,16 +69,20 @@ def quickstart_bill() -> str:
     return md(["", "Best-of-32", "SR n = 32 (quickstart)", "SR / Best-of-32 (reward: difference [95%])"], rows)
 
 
+def bill_cases(case: str) -> Iterator[tuple[str, str, dict]]:
+    """(engine, "n=N", figures) of each run of `case` in bench.bill's file (its keys: "CASE ENGINE n=N")."""
+    for key, got in load("bill")["cases"].items():
+        name, engine, n = key.split(" ")
+        if name == case:
+            yield engine, n, got
+
+
 def bill(case: str) -> Callable[[], str]:
     """One case of bench.bill: each side's figures and SR against Best-of-N at n and at the same reward."""
 
     def render() -> str:
-        f = load("bill")
         rows = []
-        for key, got in f["cases"].items():
-            if not key.startswith(case + " "):
-                continue
-            _, engine, n = key.split(" ")
+        for engine, n, got in bill_cases(case):
             same, at_n = got["SR / BoN at the same reward"], got["SR / BoN-n"]
             sr = got[f"SR-{n[2:]}"]
             setup = got["setup"]
@@ -100,14 +104,12 @@ def reward_tokens(case: str) -> Callable[[], str]:
     steps say nothing, or whose reward's scores mean nothing)."""
 
     def render() -> str:
-        f = load("bill")
         rows = []
-        for key, got in f["cases"].items():
-            if not key.startswith(case + " "):
-                continue
-            _, engine, n = key.split(" ")
+        for engine, _, got in bill_cases(case):
             setup = got["setup"]
-            for side in sorted((k for k in got if k.startswith(("BoN-", "SR-"))), key=lambda k: (k[:2], int(k.split("-")[1]))):
+            sides = sorted((k for k in got if k.startswith(("BoN-", "SR-"))),
+                           key=lambda k: (k[:2], int(k.split("-")[1])))
+            for side in sides:
                 fig = got[side]
                 fed = fig["reward_per_generated"] * fig["generated_tokens"]
                 rows.append([engine, f"{setup['prompts']} x {setup['new_tokens']}", side,
