@@ -101,6 +101,31 @@ def test_memory_schedule_spaces_are_per_prompt_and_the_pool_space_bounds_how_man
             [(c.tokens, c.finish_reason, c.partial_rewards) for c in b.candidates]
 
 
+def test_places_a_cut_frees_start_a_waiting_prompt_in_the_step_of_the_cut_and_its_rows_stay_as_alone():
+    """Width 9 holds one prompt of 6 candidates. Prompt 0's round at 4 tokens (3 rejected, 1 ended) leaves 2 running,
+    so prompt 1 starts in that turn (after the decoder's 3rd step: a start holds the first token), not a step later,
+    and both prompts decide as each does alone."""
+    sr = params_of({"name": "speculative_rejection", "n": 6, "alpha": 0.5, "schedule": "fixed", "every_k_tokens": 4})
+
+    def run(prompts, width):
+        meter = Meter(len(prompts))
+        decoder = ReplayDecoder(6, STREAMS, meter, width=width)
+        steps, starts = [0], []
+        step, start = decoder.step, decoder.start
+        decoder.step = lambda: (steps.__setitem__(0, steps[0] + 1), step())
+        decoder.start = lambda groups, ps: (starts.append((steps[0], list(groups))), start(groups, ps))
+        return decode(Pool.for_method(scripted_context(meter), decoder, sr), prompts), starts, meter
+
+    (alone0,), _, _ = run([prompt(0)], 9)
+    (res0, res1), starts, meter = run([prompt(0), prompt(1)], 9)
+    assert starts == [(0, [0]), (3, [1])]  # prompt 0 reaches 4 tokens after 3 steps; its cut lets prompt 1 in at once
+    assert meter.steps.sum().item() == pytest.approx(3 + 19)  # then prompt 1's longest candidate: 19 more steps
+    for a, b in [(alone0, res0), (run([prompt(1)], 9)[0][0], res1)]:
+        assert a.stats["decision_tokens"] == b.stats["decision_tokens"]
+        assert [(c.tokens, c.finish_reason, c.partial_rewards) for c in a.candidates] == \
+            [(c.tokens, c.finish_reason, c.partial_rewards) for c in b.candidates]
+
+
 def test_best_of_n_and_a_pool_of_one():
     meter = Meter(1)
     bon = params_of({"name": "best_of_n", "n": 6})

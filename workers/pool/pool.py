@@ -96,39 +96,45 @@ class Pool:
 
     # -- one turn --------------------------------------------------------------------------------------------------
     def step(self) -> bool:
-        """One turn of the decoding loop: take the sequences that ended, start the waiting prompts that fit in what
-        that freed, a rejection round where the schedule calls one, and one decoding step (counted in the meter
-        with its width). False once nothing runs or waits."""
+        """One turn of the decoding loop: take the sequences that ended, a rejection round for the running prompts
+        the schedule calls one for, start the waiting prompts that fit in what the ended and the rejected freed (a
+        round for those the schedule calls one for at their first token), and one decoding step (counted in the
+        meter with its width). False once nothing runs or waits. A prompt's round comes at the same point of its
+        own decoding whether it started this turn or long before: admission only moves when prompts start."""
         self._harvest()
-        if self._admit():
+        self._round({g: s.prompt for g, s in self.prompts.items() if s.started})
+        started = self._admit()
+        if started:
             self._harvest()  # a fresh candidate's first token may already end it
+            self._round({g: self.prompts[g].prompt for g in started})
         if not self.live:
             return bool(self.waiting)
-        due = self.schedule.due(self.decoder, {g: s.prompt for g, s in self.prompts.items()})
-        if due:
-            self.schedule.rejected(self._decide(due))
-            if not self.live:
-                return True
         running = [(g, s.running) for g, s in self.prompts.items() if s.started and s.running]
         self.ctx.meter.count_step(torch.tensor([g for g, _ in running]), torch.tensor([r for _, r in running]))
         self.decoder.step()
         return True
 
+    def _round(self, prompts: dict[int, PromptInput]) -> None:
+        """A rejection round for the prompts among `prompts` that the schedule calls one for."""
+        due = self.schedule.due(self.decoder, prompts) if self.live else set()
+        if due:
+            self.schedule.rejected(self._decide(due))
+
     def _hold(self, state: PromptState, rows: int) -> int:
         """The bytes a prompt's `rows` running sequences may take (`Decoder.need`), within its schedule's KV space."""
         return self.decoder.need(state.prompt, rows, self.schedule.kv_tokens(state.prompt))
 
-    def _admit(self) -> bool:
+    def _admit(self) -> list[int]:
         """Start waiting prompts, in order, while the decoder has the places (`Decoder.width`) and the pool the KV
         space (`space`) for all their candidates beside what the running prompts hold now: their running
         candidates, each prompt within its own KV space (a cut or a finished candidate frees its place at once). A
         prompt always starts when nothing runs. One rule on both engines; a function of the prompts' own
         decoding, so where and when a prompt starts is the same however the calls were timed."""
         if not self.waiting:
-            return False
+            return []
         running = [s for s in self.prompts.values() if s.started and s.running]
         if running and not self.decoder.joins:
-            return False
+            return []
         seqs = sum(s.running for s in running)
         used = sum(self._hold(s, s.running) for s in running)
         space = math.inf if self.space is None else self.space
@@ -140,13 +146,13 @@ class Pool:
             take += 1
             seqs += self.n
             used += need
-        if take:
-            groups, self.waiting = self.waiting[:take], self.waiting[take:]
+        groups, self.waiting = self.waiting[:take], self.waiting[take:]
+        if groups:
             for g in groups:
                 self.prompts[g].started = True
             self.decoder.start(groups, [self.prompts[g].prompt for g in groups])
             self.live += take * self.n
-        return bool(take)
+        return groups
 
     def _harvest(self) -> None:
         for (g, c), tokens, logprob in self.decoder.finished():

@@ -39,6 +39,8 @@ class NoDecisions:
         return None
 
     def due(self, decoder: Decoder, prompts: Mapping[int, PromptInput]) -> set[int]:
+        """The prompts among `prompts` (group -> prompt) due for a rejection round now, from their running
+        sequences on `decoder` (a schedule's clock moves only for the prompts it is asked about)."""
         return set()
 
     def rejected(self, counts: Mapping[int, int]) -> None:
@@ -61,6 +63,8 @@ class FixedSchedule(NoDecisions):
     def due(self, decoder: Decoder, prompts: Mapping[int, PromptInput]) -> set[int]:
         out = set()
         for g, lengths in decoder.lengths().items():
+            if g not in prompts:
+                continue
             longest = max(lengths)
             if longest // self.k > self.last[g] // self.k:
                 self.last[g] = longest
@@ -101,7 +105,9 @@ class MemorySchedule(NoDecisions):
     def due(self, decoder: Decoder, prompts: Mapping[int, PromptInput]) -> set[int]:
         out = set()
         for g, lengths in decoder.lengths().items():
-            prompt = prompts[g]
+            prompt = prompts.get(g)
+            if prompt is None:
+                continue
             held = (len(prompt.ids) + sum(lengths) + len(lengths)) * self.kv  # after the next token
             if held <= self.space(prompt):
                 self.armed[g] = True
