@@ -24,7 +24,7 @@ sequences a step runs. Counts one
                  space: int | None = None, width: int = 2**62):
         self.n, self.streams, self.meter = n, streams, meter
         self.kv_bytes_per_token, self.space = bytes_per_token, space
-        self.width, self.joins = width, True
+        self.width, self.joins, self.starts_apart = width, True, False
         self.prompts: dict[int, PromptInput] = {}
         self.live: dict[Key, list[int]] = {}
         self.done: list[Seq] = []

@@ -126,6 +126,33 @@ def test_places_a_cut_frees_start_a_waiting_prompt_in_the_step_of_the_cut_and_it
             [(c.tokens, c.finish_reason, c.partial_rewards) for c in b.candidates]
 
 
+def test_where_a_start_is_a_forward_of_its_own_prompts_start_beside_running_ones_two_at_a_time():
+    """The same pool where a start is a forward of its own (the hf engine's prefill): after prompt 0's cut one
+    prompt fits but two wait, so none starts; prompt 0 ends at 20 tokens (19 steps) and prompt 1 starts alone, as
+    nothing runs; prompt 2, the last one waiting, starts alone at prompt 1's cut. Each prompt's rows are as alone."""
+    sr = params_of({"name": "speculative_rejection", "n": 6, "alpha": 0.5, "schedule": "fixed", "every_k_tokens": 4})
+    streams = {(f"p{i}", c): s for (_, c), s in STREAMS.items() for i in range(3)}
+
+    def run(prompts, apart):
+        meter = Meter(len(prompts))
+        decoder = ReplayDecoder(6, streams, meter, width=9)
+        decoder.starts_apart = apart
+        steps, starts = [0], []
+        step, start = decoder.step, decoder.start
+        decoder.step = lambda: (steps.__setitem__(0, steps[0] + 1), step())
+        decoder.start = lambda groups, ps: (starts.append((steps[0], list(groups))), start(groups, ps))
+        return decode(Pool.for_method(scripted_context(meter), decoder, sr), prompts), starts
+
+    prompts = [prompt(i) for i in range(3)]
+    apart, starts = run(prompts, True)
+    assert starts == [(0, [0]), (19, [1]), (22, [2])]
+    assert run(prompts, False)[1] == [(0, [0]), (3, [1]), (7, [2])]  # a start inside a step: as each fits
+    for p, res in zip(prompts, apart):
+        (alone,), _ = run([p], True)
+        assert [(c.tokens, c.finish_reason, c.partial_rewards) for c in alone.candidates] == \
+            [(c.tokens, c.finish_reason, c.partial_rewards) for c in res.candidates]
+
+
 def test_best_of_n_and_a_pool_of_one():
     meter = Meter(1)
     bon = params_of({"name": "best_of_n", "n": 6})
@@ -167,3 +194,31 @@ def test_the_hf_decoder_and_a_replay_of_its_tokens_give_the_same_decisions_cuts_
         assert {k: a.stats[k] for k in keys} == {k: b.stats[k] for k in keys}
     for field in ("tokens", "forwards"):
         assert getattr(real_meter, field)["reward"].tolist() == getattr(meter, field)["reward"].tolist()
+
+
+def test_the_hf_decoders_prefill_forwards_count_as_steps_of_their_own(monkeypatch):
+    """On the hf engine a start is the prompts' prefill, a forward of its own: the meter's steps are its decoding
+    steps and its starts (each prefill a step of one row per prompt), which is what a device bills."""
+    from workers.engines.hf import HfDecoder
+
+    calls = {"start": 0, "step": 0}
+    start, step = HfDecoder.start, HfDecoder.step
+
+    def counted(name, fn):
+        def wrapper(self, *args):
+            calls[name] += bool(name == "start" or self._running())
+            return fn(self, *args)
+        return wrapper
+
+    monkeypatch.setattr(HfDecoder, "start", counted("start", start))
+    monkeypatch.setattr(HfDecoder, "step", counted("step", step))
+    items, gen = demo_items(6), {"max_new_tokens": 12}
+    prompts = trio_prompts(items, 12)
+    meter = Meter(len(prompts))
+    ctx = trio_context(meter, gen)
+    bon = params_of({"name": "best_of_n", "n": 4})
+    with torch.inference_mode():  # two prompts of 4 candidates at a time: prompts join as others end
+        results = decode(Pool.for_method(ctx, HfDecoder(ctx, 4, width=8), bon), prompts)
+    assert calls["start"] >= 3 and calls["step"] >= 11
+    assert meter.steps.sum().item() == pytest.approx(calls["start"] + calls["step"])
+    assert meter.seq_steps.sum().item() == sum(len(c.tokens) - 1 for r in results for c in r.candidates) + len(prompts)

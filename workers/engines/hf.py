@@ -217,6 +217,7 @@ class HfDecoder:
         else:
             self.sampler = TargetSampler(ctx.target, ctx.pad_id, ctx.eos_ids, ctx.warp, ctx.seed, ctx.meter)
         self.joins = self.sampler.admits
+        self.starts_apart = True  # a start is the prompts' prefill forward
         self.kv_bytes_per_token = self.sampler.kv_bytes_per_column
         self.vocab = ctx.target.get_output_embeddings().weight.shape[0]
         self.batch: Batch | None = None
@@ -235,6 +236,8 @@ class HfDecoder:
     def start(self, groups: list[int], prompts: list[PromptInput]) -> None:
         new = self.sampler.prefill([p.ids for p in prompts], self.n, [p.rng_key for p in prompts],
                                    [p.limit for p in prompts], first_group=groups[0])
+        # the prefill is a batched forward of its own, one row per prompt: a step a device bills like any other
+        self.ctx.meter.count_step(torch.tensor(groups), torch.ones(len(groups), dtype=torch.long))
         self.prompts.update(zip(groups, prompts))
         b = self.batch
         if b is None or not b.size:

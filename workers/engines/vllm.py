@@ -208,7 +208,7 @@ class VllmDecoder:
         self.kv_bytes_per_token = engine.kv_bytes_per_token
         self.pool_id = next(engine.pools)
         self.n = params.candidates()
-        self.width, self.joins = engine.max_num_seqs, True
+        self.width, self.joins, self.starts_apart = engine.max_num_seqs, True, False  # prefills ride in a step
         self.sampling = ctx.sampling
         self.stream = params.decides()  # a pool that decides reads its running tokens at every step
         self.prompts: dict[int, PromptInput] = {}

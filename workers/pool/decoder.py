@@ -35,6 +35,9 @@ class Decoder(Protocol):
     kv_bytes_per_token: int  # KV-cache bytes of one token of one sequence (of every model that keeps a cache)
     width: int  # most sequences one step runs (models.max_num_seqs)
     joins: bool  # whether prompts may start while other prompts' sequences run
+    # whether a start is a forward of its own (the hf engine's prefill; vLLM's fall inside its step): the decoder
+    # counts it in the meter as a step, and the pool gathers starts (`workers.pool.pool.Pool._admit`)
+    starts_apart: bool
 
     def need(self, prompt: PromptInput, rows: int, kv_tokens: int | None = None) -> int:
         """The most bytes `rows` running sequences of `prompt` may take on this engine (their KV cache, and what

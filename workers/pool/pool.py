@@ -56,6 +56,8 @@ class Pool:
     """The candidate pools of every prompt in flight on one decoder: prompts join (`add`) and leave (`forget`)
     while it decodes. `n` candidates per prompt, rejection quantile `alpha`, decision schedule `schedule`."""
 
+    STARTS_TOGETHER = 2  # prompts a start beside running ones takes where a start is a forward of its own
+
     def __init__(self, ctx: Context, decoder: Decoder, n: int, alpha: float = 0.0, schedule: NoDecisions | None = None,
                  space: int | None = None):
         """`space`: the bytes the running prompts may hold in all (default: the decoder's KV space)."""
@@ -128,8 +130,12 @@ class Pool:
         """Start waiting prompts, in order, while the decoder has the places (`Decoder.width`) and the pool the KV
         space (`space`) for all their candidates beside what the running prompts hold now: their running
         candidates, each prompt within its own KV space (a cut or a finished candidate frees its place at once). A
-        prompt always starts when nothing runs. One rule on both engines; a function of the prompts' own
-        decoding, so where and when a prompt starts is the same however the calls were timed."""
+        prompt always starts when nothing runs. Where a start is a forward of its own (`Decoder.starts_apart`: the
+        hf engine's prefill, which a device bills about as a step), prompts start beside running ones only
+        STARTS_TOGETHER at a time (or the last ones waiting): a forward for one prompt's prefill costs about what
+        its places idle for a step or two do (docs/speculative-rejection.md). One rule on both engines; a function
+        of the prompts' own decoding, so where and when a prompt starts is the same however the calls were timed.
+        Returns the groups started."""
         if not self.waiting:
             return []
         running = [s for s in self.prompts.values() if s.started and s.running]
@@ -146,6 +152,8 @@ class Pool:
             take += 1
             seqs += self.n
             used += need
+        if running and self.decoder.starts_apart and take < min(self.STARTS_TOGETHER, len(self.waiting)):
+            take = 0
         groups, self.waiting = self.waiting[:take], self.waiting[take:]
         if groups:
             for g in groups:
