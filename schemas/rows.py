@@ -94,11 +94,13 @@ STATS_FIELDS: dict[str, tuple[pa.DataType, str]] = {
     "kv_space_bytes": (pa.int64(), "the prompt's KV space under Speculative Rejection's memory schedule, in bytes "
                        "(method.memory_candidates of its candidates at full length); null for other schedules and "
                        "methods (before this version: memory_budget_bytes)"),
-    "decoding_steps": (pa.float64(), "the prompt's share of its actor's decoding steps: at each step it ran in, its "
-                       "running candidates over the step's width (summed over a run's rows: the steps its actors "
-                       "took); null for methods that are not candidate pools"),
-    "sequence_steps": (pa.int64(), "steps of the prompt's candidates, summed (sequence_steps / decoding_steps over a "
-                       "run is the actors' mean width); null for methods that are not candidate pools"),
+    "decoding_steps": (pa.float64(), "the prompt's share of its actor's decoding steps (its batched target forwards: "
+                       "on the hf engine a start's prefill is one, of a row per prompt; on vllm it rides in a step): "
+                       "at each step it ran in, its running candidates over the step's width (summed over a run's "
+                       "rows: the steps its actors took); null for methods that are not candidate pools"),
+    "sequence_steps": (pa.int64(), "steps of the prompt's candidates (a prefill of the hf engine: one), summed "
+                       "(sequence_steps / decoding_steps over a run is the actors' mean width); null for methods that "
+                       "are not candidate pools"),
 }
 STATS = pa.struct([(name, t) for name, (t, _) in STATS_FIELDS.items()])
 
