@@ -126,16 +126,20 @@ def test_places_a_cut_frees_start_a_waiting_prompt_in_the_step_of_the_cut_and_it
             [(c.tokens, c.finish_reason, c.partial_rewards) for c in b.candidates]
 
 
-def test_where_a_start_is_a_forward_of_its_own_prompts_start_beside_running_ones_two_at_a_time():
-    """The same pool where a start is a forward of its own (the hf engine's prefill): after prompt 0's cut one
-    prompt fits but two wait, so none starts; prompt 0 ends at 20 tokens (19 steps) and prompt 1 starts alone, as
-    nothing runs; prompt 2, the last one waiting, starts alone at prompt 1's cut. Each prompt's rows are as alone."""
+def test_where_a_start_is_a_forward_of_its_own_it_waits_to_fill_its_share_of_the_width(monkeypatch):
+    """The same pool where a start is a forward of its own (the hf engine's prefill), each start beside running
+    prompts to fill all of the width (STARTS_FILL 1; 0.25 by default) unless it takes every waiting prompt: after
+    prompt 0's cut one prompt fits in 7 places of 9 but two wait, so none starts; prompt 0 ends at 20 tokens (19
+    steps) and prompt 1 starts alone, as nothing runs; prompt 2, the last one waiting, starts alone at prompt 1's cut.
+    Where the KV space holds prompts back, not the width, a prompt starts as soon as it fits. Each prompt's rows are
+    as alone."""
+    monkeypatch.setattr(Pool, "STARTS_FILL", 1.0)
     sr = params_of({"name": "speculative_rejection", "n": 6, "alpha": 0.5, "schedule": "fixed", "every_k_tokens": 4})
     streams = {(f"p{i}", c): s for (_, c), s in STREAMS.items() for i in range(3)}
 
-    def run(prompts, apart):
+    def run(prompts, apart, width=9, space=None):
         meter = Meter(len(prompts))
-        decoder = ReplayDecoder(6, streams, meter, width=9)
+        decoder = ReplayDecoder(6, streams, meter, width=width, space=space)
         decoder.starts_apart = apart
         steps, starts = [0], []
         step, start = decoder.step, decoder.start
@@ -147,6 +151,8 @@ def test_where_a_start_is_a_forward_of_its_own_prompts_start_beside_running_ones
     apart, starts = run(prompts, True)
     assert starts == [(0, [0]), (19, [1]), (22, [2])]
     assert run(prompts, False)[1] == [(0, [0]), (3, [1]), (7, [2])]  # a start inside a step: as each fits
+    # a KV space of 3 + 6 x 32 + 3 + 2 x 32 tokens: after prompt 0's cut prompt 1 fits beside it, prompt 2 does not
+    assert run(prompts, True, width=100, space=262)[1] == [(0, [0]), (3, [1])] + run(prompts, False, 100, 262)[1][2:]
     for p, res in zip(prompts, apart):
         (alone,), _ = run([p], True)
         assert [(c.tokens, c.finish_reason, c.partial_rewards) for c in alone.candidates] == \
