@@ -95,7 +95,8 @@ STATS_FIELDS: dict[str, tuple[pa.DataType, str]] = {
                        "(method.memory_candidates of its candidates at full length); null for other schedules and "
                        "methods (before this version: memory_budget_bytes)"),
     "decoding_steps": (pa.float64(), "the prompt's share of its actor's decoding steps (its batched target forwards: "
-                       "on the hf engine a start's prefill is one, of a row per prompt; on vllm it rides in a step): "
+                       "on the hf engine a prefill is one, of a row per prompt, many prompts prefilled in one ahead of "
+                       "their start; on vllm it rides in a step): "
                        "at each step it ran in, its running candidates over the step's width (summed over a run's "
                        "rows: the steps its actors took); null for methods that are not candidate pools"),
     "sequence_steps": (pa.int64(), "steps of the prompt's candidates (a prefill of the hf engine: one), summed "

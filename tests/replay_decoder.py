@@ -24,7 +24,7 @@ sequences a step runs. Counts one
                  space: int | None = None, width: int = 2**62):
         self.n, self.streams, self.meter = n, streams, meter
         self.kv_bytes_per_token, self.space = bytes_per_token, space
-        self.width, self.joins, self.starts_apart = width, True, False
+        self.width, self.joins = width, True
         self.prompts: dict[int, PromptInput] = {}
         self.live: dict[Key, list[int]] = {}
         self.done: list[Seq] = []
@@ -36,6 +36,12 @@ sequences a step runs. Counts one
     def need(self, prompt: PromptInput, rows: int, kv_tokens: int | None = None) -> int:
         tokens = len(prompt.ids) + rows * prompt.limit
         return (tokens if kv_tokens is None else min(tokens, kv_tokens)) * self.kv_bytes_per_token
+
+    def wait(self, groups: list[int], prompts: list[PromptInput]) -> None:
+        pass
+
+    def waiting_bytes(self) -> int:
+        return 0
 
     def start(self, groups: list[int], prompts: list[PromptInput]) -> None:
         self.prompts.update(zip(groups, prompts))

@@ -126,37 +126,25 @@ def test_places_a_cut_frees_start_a_waiting_prompt_in_the_step_of_the_cut_and_it
             [(c.tokens, c.finish_reason, c.partial_rewards) for c in b.candidates]
 
 
-def test_where_a_start_is_a_forward_of_its_own_it_waits_to_fill_its_share_of_the_width(monkeypatch):
-    """The same pool where a start is a forward of its own (the hf engine's prefill), each start beside running
-    prompts to fill all of the width (STARTS_FILL 1; 0.25 by default) unless it takes every waiting prompt: after
-    prompt 0's cut one prompt fits in 7 places of 9 but two wait, so none starts; prompt 0 ends at 20 tokens (19
-    steps) and prompt 1 starts alone, as nothing runs; prompt 2, the last one waiting, starts alone at prompt 1's cut.
-    Where the KV space holds prompts back, not the width, a prompt starts as soon as it fits. Each prompt's rows are
-    as alone."""
-    monkeypatch.setattr(Pool, "STARTS_FILL", 1.0)
-    sr = params_of({"name": "speculative_rejection", "n": 6, "alpha": 0.5, "schedule": "fixed", "every_k_tokens": 4})
-    streams = {(f"p{i}", c): s for (_, c), s in STREAMS.items() for i in range(3)}
+def test_what_the_decoder_holds_for_prompts_not_started_counts_in_the_pools_space():
+    """The bytes a decoder holds for prompts prefilled ahead (`Decoder.waiting_bytes`) are part of what the running
+    prompts leave: with a space of 10**6 and all but 100 of it held ahead, two prompts whose spaces are 67 each run
+    one after the other (the first always starts), and each decides as alone."""
+    def run(held):
+        meter = Meter(2)
+        decoder = ReplayDecoder(6, STREAMS, meter)
+        decoder.waiting_bytes = lambda: held
+        pool = Pool(scripted_context(meter), decoder, 6, 0.5, MemorySchedule(2, 1, 10**6), space=10**6)
+        starts = []
+        start = decoder.start
+        decoder.start = lambda groups, ps: (starts.append(list(groups)), start(groups, ps))
+        return decode(pool, [prompt(0), prompt(1)]), starts
 
-    def run(prompts, apart, width=9, space=None):
-        meter = Meter(len(prompts))
-        decoder = ReplayDecoder(6, streams, meter, width=width, space=space)
-        decoder.starts_apart = apart
-        steps, starts = [0], []
-        step, start = decoder.step, decoder.start
-        decoder.step = lambda: (steps.__setitem__(0, steps[0] + 1), step())
-        decoder.start = lambda groups, ps: (starts.append((steps[0], list(groups))), start(groups, ps))
-        return decode(Pool.for_method(scripted_context(meter), decoder, sr), prompts), starts
-
-    prompts = [prompt(i) for i in range(3)]
-    apart, starts = run(prompts, True)
-    assert starts == [(0, [0]), (19, [1]), (22, [2])]
-    assert run(prompts, False)[1] == [(0, [0]), (3, [1]), (7, [2])]  # a start inside a step: as each fits
-    # a KV space of 3 + 6 x 32 + 3 + 2 x 32 tokens: after prompt 0's cut prompt 1 fits beside it, prompt 2 does not
-    assert run(prompts, True, width=100, space=262)[1] == [(0, [0]), (3, [1])] + run(prompts, False, 100, 262)[1][2:]
-    for p, res in zip(prompts, apart):
-        (alone,), _ = run([p], True)
-        assert [(c.tokens, c.finish_reason, c.partial_rewards) for c in alone.candidates] == \
-            [(c.tokens, c.finish_reason, c.partial_rewards) for c in res.candidates]
+    (free, free_starts), (held, held_starts) = run(0), run(10**6 - 100)
+    assert free_starts == [[0, 1]] and held_starts == [[0], [1]]
+    for a, b in zip(free, held):
+        assert [(c.tokens, c.finish_reason, c.partial_rewards) for c in a.candidates] == \
+            [(c.tokens, c.finish_reason, c.partial_rewards) for c in b.candidates]
 
 
 def test_best_of_n_and_a_pool_of_one():
@@ -202,29 +190,45 @@ def test_the_hf_decoder_and_a_replay_of_its_tokens_give_the_same_decisions_cuts_
         assert getattr(real_meter, field)["reward"].tolist() == getattr(meter, field)["reward"].tolist()
 
 
-def test_the_hf_decoders_prefill_forwards_count_as_steps_of_their_own(monkeypatch):
-    """On the hf engine a start is the prompts' prefill, a forward of its own: the meter's steps are its decoding
-    steps and its starts (each prefill a step of one row per prompt), which is what a device bills."""
+def test_the_hf_decoder_prefills_waiting_prompts_ahead_in_one_forward_counted_as_a_step(monkeypatch):
+    """On the hf engine a prefill is a forward of its own, which a device bills about as a step: the decoder
+    prefills the prompts that wait ahead, many in one forward, so the six prompts here (two at a time in a width of
+    8) cost one prefill forward, not one per start; the meter's steps are the decoding steps and that forward. With
+    nothing prefilled ahead (AHEAD_TOKENS 0) each start is a prefill of its own, and the rows are the same."""
+    from workers.decoding.target import TargetSampler
     from workers.engines.hf import HfDecoder
 
-    calls = {"start": 0, "step": 0}
-    start, step = HfDecoder.start, HfDecoder.step
-
-    def counted(name, fn):
-        def wrapper(self, *args):
-            calls[name] += bool(name == "start" or self._running())
-            return fn(self, *args)
-        return wrapper
-
-    monkeypatch.setattr(HfDecoder, "start", counted("start", start))
-    monkeypatch.setattr(HfDecoder, "step", counted("step", step))
     items, gen = demo_items(6), {"max_new_tokens": 12}
     prompts = trio_prompts(items, 12)
-    meter = Meter(len(prompts))
-    ctx = trio_context(meter, gen)
     bon = params_of({"name": "best_of_n", "n": 4})
-    with torch.inference_mode():  # two prompts of 4 candidates at a time: prompts join as others end
-        results = decode(Pool.for_method(ctx, HfDecoder(ctx, 4, width=8), bon), prompts)
-    assert calls["start"] >= 3 and calls["step"] >= 11
-    assert meter.steps.sum().item() == pytest.approx(calls["start"] + calls["step"])
-    assert meter.seq_steps.sum().item() == sum(len(c.tokens) - 1 for r in results for c in r.candidates) + len(prompts)
+
+    def run():
+        calls = {"encode": 0, "step": 0}
+        encode, step = TargetSampler.encode, HfDecoder.step
+
+        def counted_encode(self, *args):
+            calls["encode"] += 1
+            return encode(self, *args)
+
+        def counted_step(self):
+            calls["step"] += self._running()
+            return step(self)
+
+        monkeypatch.setattr(TargetSampler, "encode", counted_encode)
+        monkeypatch.setattr(HfDecoder, "step", counted_step)
+        meter = Meter(len(prompts))
+        ctx = trio_context(meter, gen)
+        with torch.inference_mode():
+            results = decode(Pool.for_method(ctx, HfDecoder(ctx, 4, width=8), bon), prompts)
+        assert meter.steps.sum().item() == pytest.approx(calls["encode"] + calls["step"])
+        assert meter.seq_steps.sum().item() == sum(len(c.tokens) - 1 for r in results for c in r.candidates) + \
+            len(prompts)
+        return results, calls
+
+    ahead, calls = run()
+    assert calls["encode"] == 1 and calls["step"] >= 11
+    monkeypatch.setattr(HfDecoder, "AHEAD_TOKENS", 0)
+    apart, calls = run()
+    assert calls["encode"] >= 3
+    for a, b in zip(ahead, apart):
+        assert [c.tokens for c in a.candidates] == [c.tokens for c in b.candidates]

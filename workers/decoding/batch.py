@@ -25,7 +25,7 @@ import torch
 from transformers import DynamicCache
 
 from workers.accounting.cost import Meter
-from workers.decoding.kvcache import cache_kw, drop_left, join_caches
+from workers.decoding.kvcache import cache_kw, drop_left, fork_cache, join_caches, layers_of
 from workers.decoding.shared_prefix import SharedPrefixCache, shared_forward
 
 
@@ -149,6 +149,37 @@ class Batch:
 
     def kv_columns(self) -> int:
         return int(self.mask.shape[1])
+
+
+@dataclass
+class Prefilled:
+    """Prompts prefilled and not started: each prompt's cache (one row, left-padded), mask and last logits, from
+    which its candidates start with no forward of their own (`TargetSampler.begin`)."""
+
+    cache: DynamicCache
+    mask: torch.Tensor  # [P, L] long
+    logits: torch.Tensor  # [P, V] float32: the next-token logits after each prompt
+    groups: list[int]  # each row's prompt
+
+    def nbytes(self) -> int:
+        return sum(k.nbytes + v.nbytes for k, v in layers_of(self.cache)) + self.logits.nbytes
+
+    def take(self, rows: list[int]) -> "Prefilled":
+        """Rows `rows`, copied, the leading columns that are holes in all of them dropped."""
+        idx = torch.tensor(rows, dtype=torch.long, device=self.mask.device)
+        cache, mask = fork_cache(self.cache, idx), self.mask.index_select(0, idx)
+        real = mask.any(0)
+        first = int(real.float().argmax()) if bool(real.any()) else 0
+        if first and drop_left(cache, first):
+            mask = mask[:, first:]
+        return Prefilled(cache, mask, self.logits.index_select(0, idx), [self.groups[r] for r in rows])
+
+    def join(self, other: "Prefilled") -> "Prefilled":
+        """These rows and then `other`'s (right-aligned, the narrower side's leading columns holes)."""
+        join_caches(self.cache, other.cache, len(self.groups), len(other.groups))
+        width = max(self.mask.shape[1], other.mask.shape[1])
+        mask = torch.cat([_pad_mask(m, width - m.shape[1], 0) for m in (self.mask, other.mask)])
+        return Prefilled(self.cache, mask, torch.cat([self.logits, other.logits]), self.groups + other.groups)
 
 
 def _pad_mask(mask: torch.Tensor, left: int, right: int) -> torch.Tensor:

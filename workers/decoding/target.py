@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from workers.accounting.cost import Meter
-from workers.decoding.batch import Batch, forward, left_pad
+from workers.decoding.batch import Batch, Prefilled, forward, left_pad
 from workers.decoding.kvcache import model_kv_bytes, new_cache
 from workers.decoding.sampling import STREAM_TOKEN, Warp, next_tokens_and_logprobs, uniforms
 from workers.decoding.shared_prefix import share
@@ -52,30 +52,40 @@ class TargetSampler:
     ) -> Batch:
         """Prefill each prompt once, share (or repeat) its cache across its n candidates, and sample every
         sequence's first token. The prompts are groups first_group, first_group + 1, ... of the batch."""
-        dev = self.device
-        ids, mask = left_pad(prompts, self.pad_id, dev)  # [P, L]
-        local = torch.arange(len(prompts), device=dev)
-        groups = local + first_group
+        groups = list(range(first_group, first_group + len(prompts)))
+        return self.begin(self.encode(prompts, groups), n, rng_keys, limits)
+
+    def encode(self, prompts: list[list[int]], groups: list[int]) -> Prefilled:
+        """The prompts' prefill, one forward (left-padded), counted for prompts `groups`: their caches and the
+        logits of their first tokens, for `begin` now or later."""
+        ids, mask = left_pad(prompts, self.pad_id, self.device)  # [P, L]
         cache = new_cache(self.model.config)
-        logits = forward(self.model, self.role, ids, mask, cache, groups, self.meter)[:, -1]  # [P, V]
-        # the prompt's cache held once for its candidates, where that is exact and worth it
-        shared = share(self.model, cache, local.repeat_interleave(n), self.kv_bytes_per_column)
+        group = torch.tensor(groups, dtype=torch.long, device=self.device)
+        logits = forward(self.model, self.role, ids, mask, cache, group, self.meter)[:, -1]  # [P, V]
+        return Prefilled(cache, mask, logits, list(groups))
+
+    def begin(self, pre: Prefilled, n: int, rng_keys: list[int], limits: list[int]) -> Batch:
+        """Start n candidates of each prefilled prompt (rng_keys and limits in its order): the prompt's cache held
+        once for its candidates where that is exact and worth it (else repeated), every sequence's first token
+        sampled from the prompt's logits. Takes `pre`'s cache."""
+        dev, p = self.device, len(pre.groups)
+        shared = share(self.model, pre.cache, torch.arange(p, device=dev).repeat_interleave(n), self.kv_bytes_per_column)
         if shared is None:
-            cache.batch_repeat_interleave(n)
+            pre.cache.batch_repeat_interleave(n)
         batch = Batch(
-            cache=shared if shared is not None else cache,
-            mask=mask.repeat_interleave(n, 0),
-            pending=torch.zeros(len(prompts) * n, dtype=torch.long, device=dev),
-            group=groups.repeat_interleave(n),
-            cand=torch.arange(n, device=dev).repeat(len(prompts)),
+            cache=shared if shared is not None else pre.cache,
+            mask=pre.mask.repeat_interleave(n, 0),
+            pending=torch.zeros(p * n, dtype=torch.long, device=dev),
+            group=torch.tensor(pre.groups, dtype=torch.long, device=dev).repeat_interleave(n),
+            cand=torch.arange(n, device=dev).repeat(p),
             rng_key=torch.tensor(rng_keys, dtype=torch.long, device=dev).repeat_interleave(n),
-            length=torch.zeros(len(prompts) * n, dtype=torch.long, device=dev),
+            length=torch.zeros(p * n, dtype=torch.long, device=dev),
             limit=torch.tensor(limits, dtype=torch.long, device=dev).repeat_interleave(n),
-            tokens=torch.full((len(prompts) * n, max(limits)), self.pad_id, dtype=torch.long, device=dev),
-            alive=torch.ones(len(prompts) * n, dtype=torch.bool, device=dev),
-            logprob=torch.zeros(len(prompts) * n, dtype=torch.float64, device=dev),
+            tokens=torch.full((p * n, max(limits)), self.pad_id, dtype=torch.long, device=dev),
+            alive=torch.ones(p * n, dtype=torch.bool, device=dev),
+            logprob=torch.zeros(p * n, dtype=torch.float64, device=dev),
         )
-        self._sample_into(batch, logits.repeat_interleave(n, 0))
+        self._sample_into(batch, pre.logits.repeat_interleave(n, 0))
         return batch
 
     # -- decode --------------------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from workers.accounting.memory import device_free_bytes, free_memory_bytes, shar
 from workers.loading import load_causal_lm, pick_device
 from workers.candidates import PromptInput
 from workers.context import Context
-from workers.decoding.batch import Batch
+from workers.decoding.batch import Batch, Prefilled
 from workers.decoding.kvcache import context_length, model_kv_bytes, storage_columns
 from workers.decoding.shared_prefix import shares_exactly, worth_sharing
 from workers.decoding.speculative import SpeculativeSampler
@@ -200,7 +200,16 @@ class HfDecoder:
     without it, their KV cache at full length and their logits); the pool starts prompts while the running ones'
     fit in `space` and their sequences in `width`. The target sampler lets prompts join the batch while it decodes
     (`Batch.extend`); the speculative sampler's prompts start together, as many as fit, and the next ones once the
-    batch is empty (`joins`)."""
+    batch is empty (`joins`).
+
+    A prefill here is a batched forward of its own, which a device bills about as a decoding step (and the meter
+    counts as one, of one row per prompt). So the target sampler prefills the prompts that wait (`wait`) ahead of
+    their start, many in one forward (those AHEAD_FRACTION of the KV space and AHEAD_TOKENS hold), and a start
+    takes its prompts' caches and first logits from them with no forward of its own (`TargetSampler.begin`);
+    the pool counts what they hold (`waiting_bytes`) in its KV space."""
+
+    AHEAD_FRACTION = 1 / 16  # of the KV space, the most the prompts prefilled ahead hold
+    AHEAD_TOKENS = 8192  # prompts x longest prompt, the most one prefill forward feeds beyond the prompts starting
 
     def __init__(self, ctx: Context, n: int, need: Callable[[PromptInput, int, int | None], int] | None = None,
                  space: int | None = None, width: int | None = None):
@@ -217,7 +226,10 @@ class HfDecoder:
         else:
             self.sampler = TargetSampler(ctx.target, ctx.pad_id, ctx.eos_ids, ctx.warp, ctx.seed, ctx.meter)
         self.joins = self.sampler.admits
-        self.starts_apart = True  # a start is the prompts' prefill forward
+        self.ahead = isinstance(self.sampler, TargetSampler)  # whether prompts are prefilled before they start
+        self.queue: list[tuple[int, PromptInput]] = []  # the prompts that wait, in the order they will start
+        self.ready: Prefilled | None = None  # the first of them, prefilled ahead: its rows from ready_from on
+        self.ready_from = 0
         self.kv_bytes_per_token = self.sampler.kv_bytes_per_column
         self.vocab = ctx.target.get_output_embeddings().weight.shape[0]
         self.batch: Batch | None = None
@@ -233,17 +245,75 @@ class HfDecoder:
         kv = tokens if kv_tokens is None else min(tokens, kv_tokens)
         return batch_memory_need(rows, 0, 0, self.kv_bytes_per_token, self.vocab) + kv * self.kv_bytes_per_token
 
+    def wait(self, groups: list[int], prompts: list[PromptInput]) -> None:
+        self.queue += zip(groups, prompts)
+
+    def waiting_bytes(self) -> int:
+        """What the prefill ahead holds: its caches and logits, all of them until every prompt of it has started
+        (a start copies its prompts' rows out)."""
+        return self.ready.nbytes() if self.ready is not None else 0
+
     def start(self, groups: list[int], prompts: list[PromptInput]) -> None:
-        new = self.sampler.prefill([p.ids for p in prompts], self.n, [p.rng_key for p in prompts],
-                                   [p.limit for p in prompts], first_group=groups[0])
-        # the prefill is a batched forward of its own, one row per prompt: a step a device bills like any other
-        self.ctx.meter.count_step(torch.tensor(groups), torch.ones(len(groups), dtype=torch.long))
+        if not self.ahead:  # the speculative sampler: prefilled at their start, the draft too
+            self.queue = [(g, p) for g, p in self.queue if g not in groups]
+            self._prefilled(groups)
+            new = self.sampler.prefill([p.ids for p in prompts], self.n, [p.rng_key for p in prompts],
+                                       [p.limit for p in prompts], first_group=groups[0])
+        else:
+            new = self.sampler.begin(self._take(groups), self.n, [p.rng_key for p in prompts],
+                                     [p.limit for p in prompts])
         self.prompts.update(zip(groups, prompts))
         b = self.batch
         if b is None or not b.size:
             self.batch = new
         else:
             b.extend(new, self.ctx.pad_id)
+
+    def _prefilled(self, groups: list[int]) -> None:
+        """A prefill of prompts `groups` was a batched forward of its own, one row per prompt: a step a device bills
+        like any other."""
+        self.ctx.meter.count_step(torch.tensor(groups), torch.ones(len(groups), dtype=torch.long))
+
+    def _take(self, groups: list[int]) -> Prefilled:
+        """Prompts `groups` (the first that wait, in order) prefilled: taken from those prefilled ahead (copied out,
+        the others left in place), the rest prefilled now in one forward with the prompts that wait after them, as
+        many as AHEAD_FRACTION of the KV space and AHEAD_TOKENS hold (the ones that start now whatever they hold)."""
+        if [g for g, _ in self.queue[: len(groups)]] != list(groups):
+            raise RuntimeError(f"HfDecoder: prompts {groups} start out of their order {[g for g, _ in self.queue]}")
+        if self._ready_rows() < len(groups):
+            more = self._prefill_ahead(len(groups) - self._ready_rows())
+            if self._ready_rows():
+                more = self.ready.take(list(range(self.ready_from, len(self.ready.groups)))).join(more)
+            self.ready, self.ready_from = more, 0
+        taken = self.ready.take(list(range(self.ready_from, self.ready_from + len(groups))))
+        self.ready_from += len(groups)
+        if self.ready_from == len(self.ready.groups):
+            self.ready, self.ready_from = None, 0
+        self.queue = self.queue[len(groups):]
+        return taken
+
+    def _ready_rows(self) -> int:
+        return len(self.ready.groups) - self.ready_from if self.ready is not None else 0
+
+    def _prefill_ahead(self, least: int) -> Prefilled:
+        """Prefill the first prompts that wait and are not prefilled yet: at least `least` of them, then more while
+        their caches and logits stay within AHEAD_FRACTION of the KV space and the forward within AHEAD_TOKENS
+        (prompts x the longest)."""
+        todo = self.queue[self._ready_rows():]
+        space = self.kv_space()
+        left = self.waiting_bytes() * self._ready_rows() // len(self.ready.groups) if self.ready is not None else 0
+        budget = (space or 0) * self.AHEAD_FRACTION - left  # the rows left join the new ones
+        per_token = self.kv_bytes_per_token
+        take, held, longest = 0, 0, 0
+        for _, p in todo:
+            bytes_ = len(p.ids) * per_token + 4 * self.vocab
+            wider = max(longest, len(p.ids))
+            if take >= least and (held + bytes_ > budget or (take + 1) * wider > self.AHEAD_TOKENS):
+                break
+            take, held, longest = take + 1, held + bytes_, wider
+        groups = [g for g, _ in todo[:take]]
+        self._prefilled(groups)
+        return self.sampler.encode([p.ids for _, p in todo[:take]], groups)
 
     def step(self) -> None:
         if self._running():
@@ -311,5 +381,7 @@ class HfDecoder:
             torch.cuda.synchronize(self.device)
 
     def close(self) -> None:
-        self.batch = None
+        self.batch = self.ready = None
+        self.ready_from = 0
         self.prompts.clear()
+        self.queue.clear()

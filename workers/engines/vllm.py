@@ -208,7 +208,7 @@ class VllmDecoder:
         self.kv_bytes_per_token = engine.kv_bytes_per_token
         self.pool_id = next(engine.pools)
         self.n = params.candidates()
-        self.width, self.joins, self.starts_apart = engine.max_num_seqs, True, False  # prefills ride in a step
+        self.width, self.joins = engine.max_num_seqs, True
         self.sampling = ctx.sampling
         self.stream = params.decides()  # a pool that decides reads its running tokens at every step
         self.prompts: dict[int, PromptInput] = {}
@@ -251,6 +251,12 @@ class VllmDecoder:
             logprobs=0, flat_logprobs=True,
             seed=candidate_seed(self.ctx.seed, prompt.rng_key, index) if s.temperature > 0 else None,
         )
+
+    def wait(self, groups: list[int], prompts: list[PromptInput]) -> None:
+        """Nothing ahead: a prompt's prefill rides inside the step after its start."""
+
+    def waiting_bytes(self) -> int:
+        return 0
 
     def start(self, groups: list[int], prompts: list[PromptInput]) -> None:
         for g, p in zip(groups, prompts):

@@ -35,18 +35,24 @@ class Decoder(Protocol):
     kv_bytes_per_token: int  # KV-cache bytes of one token of one sequence (of every model that keeps a cache)
     width: int  # most sequences one step runs (models.max_num_seqs)
     joins: bool  # whether prompts may start while other prompts' sequences run
-    # whether a start is a forward of its own (the hf engine's prefill; vLLM's fall inside its step): the decoder
-    # counts it in the meter as a step, and the pool gathers starts (`workers.pool.pool.Pool._admit`)
-    starts_apart: bool
 
     def need(self, prompt: PromptInput, rows: int, kv_tokens: int | None = None) -> int:
         """The most bytes `rows` running sequences of `prompt` may take on this engine (their KV cache, and what
         else the engine holds per sequence), their KV cache bounded by `kv_tokens` tokens when given (a
         Speculative Rejection prompt's KV space): what the pool's admission counts (`workers.pool.pool`)."""
 
+    def wait(self, groups: list[int], prompts: list[PromptInput]) -> None:
+        """Prompts that joined the pool, numbered `groups`: they will start in this order, after those that wait
+        already. A decoder whose prefill is a forward of its own (the hf engine) prefills them ahead, many at a
+        time, so that a start costs no forward of its own; vLLM's prefills ride inside its steps."""
+
+    def waiting_bytes(self) -> int:
+        """The bytes held now for prompts that have not started (their prefill, done ahead): the pool's admission
+        counts them in its KV space."""
+
     def start(self, groups: list[int], prompts: list[PromptInput]) -> None:
-        """Start n candidates of each prompt, numbered `groups` (consecutive). A candidate may end at its first
-        token; it is reported by the next `finished`."""
+        """Start n candidates of each prompt, numbered `groups`: the first that wait, in order. A candidate may end
+        at its first token; it is reported by the next `finished`."""
 
     def step(self) -> None:
         """One decoding step of every running sequence."""

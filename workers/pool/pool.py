@@ -56,8 +56,6 @@ class Pool:
     """The candidate pools of every prompt in flight on one decoder: prompts join (`add`) and leave (`forget`)
     while it decodes. `n` candidates per prompt, rejection quantile `alpha`, decision schedule `schedule`."""
 
-    STARTS_FILL = 0.25  # of the width, the least a start beside running prompts fills where it is a forward of its own
-
     def __init__(self, ctx: Context, decoder: Decoder, n: int, alpha: float = 0.0, schedule: NoDecisions | None = None,
                  space: int | None = None):
         """`space`: the bytes the running prompts may hold in all (default: the decoder's KV space)."""
@@ -85,6 +83,7 @@ class Pool:
         for g, p in zip(groups, prompts):
             self.prompts[g] = PromptState(p, [None] * self.n)
         self.waiting += groups
+        self.decoder.wait(groups, list(prompts))
         return groups
 
     def forget(self, g: int) -> None:
@@ -129,36 +128,26 @@ class Pool:
     def _admit(self) -> list[int]:
         """Start waiting prompts, in order, while the decoder has the places (`Decoder.width`) and the pool the KV
         space (`space`) for all their candidates beside what the running prompts hold now: their running
-        candidates, each prompt within its own KV space (a cut or a finished candidate frees its place at once). A
-        prompt always starts when nothing runs. Where a start is a forward of its own (`Decoder.starts_apart`: the
-        hf engine's prefill, which a device bills about as a step) and the width is what holds prompts back, the
-        prompts that start beside running ones fill at least STARTS_FILL of the width, or are all that wait: one
-        forward then starts enough work to be worth its step (docs/speculative-rejection.md). One rule on both
-        engines; a function of the prompts' own decoding, so where and when a prompt starts is the same however
-        the calls were timed. Returns the groups started."""
+        candidates, each prompt within its own KV space (a cut or a finished candidate frees its place at once),
+        and the prompts the decoder holds prefilled ahead (`Decoder.waiting_bytes`). A prompt always starts when
+        nothing runs. One rule on both engines; a function of the prompts' own decoding, so where and when a prompt
+        starts is the same however the calls were timed. Returns the groups started."""
         if not self.waiting:
             return []
         running = [s for s in self.prompts.values() if s.started and s.running]
         if running and not self.decoder.joins:
             return []
         seqs = sum(s.running for s in running)
-        used = sum(self._hold(s, s.running) for s in running)
+        used = sum(self._hold(s, s.running) for s in running) + self.decoder.waiting_bytes()
         space = math.inf if self.space is None else self.space
-        take, width_bound = 0, False
+        take = 0
         for g in self.waiting:
             need = self._hold(self.prompts[g], self.n)
-            if seqs or take:
-                if used + need > space:
-                    break
-                if seqs + self.n > self.decoder.width:
-                    width_bound = True
-                    break
+            if (seqs or take) and (used + need > space or seqs + self.n > self.decoder.width):
+                break
             take += 1
             seqs += self.n
             used += need
-        if running and width_bound and self.decoder.starts_apart and \
-                take * self.n < self.STARTS_FILL * self.decoder.width:
-            take = 0
         groups, self.waiting = self.waiting[:take], self.waiting[take:]
         if groups:
             for g in groups:
