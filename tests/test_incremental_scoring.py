@@ -122,6 +122,33 @@ def test_an_encoding_that_does_not_extend_the_cached_one_is_fed_from_the_common_
         assert fed == (0 if held == new else len(new) - common)  # an unchanged encoding reuses its last score
 
 
+def test_candidates_that_share_leading_tokens_feed_them_once():
+    """Fresh candidates of one prompt feed the tokens they share once, as a radix tree (`branch_tree`): 'the dog'
+    for four of them, 'repair' for three, 'the field .' for two identical ones, each candidate's last token (the
+    one the head reads) in its own row. Tokens fed beyond the prompt: one per distinct leading run of tokens that
+    is not a whole encoding, plus one per candidate; the scores are whole scoring's, also at the next call."""
+    from workers.scoring.reward_model import branch_tree
+
+    scorer = scorer_with(PROMPT_FIRST)
+    ref = whole_scorer(scorer)
+    prompt = [{"role": "user", "content": PROMPTS[0]}]
+    texts = ["the dog repair the field .", "the dog repair a cat .", "the dog quietly .", "a student .",
+             "the dog repair the field ."]
+    items = [Scored(0, prompt, t, [1], [2]) for t in texts]
+    encoded = [scorer.encode(it) for it in items]
+    shared = len(os.path.commonprefix(encoded))
+    branches, below = branch_tree(encoded, list(range(5)), shared, scorer.head_pad, 4)
+    assert [len(encoded[b.item][b.start:b.end]) for b in branches][:1] == [2]  # 'the dog', then deeper branches
+    assert max(b.level for b in branches) == 3 and below[3] == -1 and below[0] == below[4] != below[1]
+    meter = Meter(1)
+    session = scorer.session(meter)
+    assert close(session.score(list("abcde"), items), ref(items, Meter(1)))
+    distinct = {tuple(e[:k]) for e in encoded for k in range(shared + 1, len(e))}
+    assert int(meter.tokens["reward"].sum()) == shared + len(distinct) + len(items)
+    grown = [Scored(0, prompt, t + " a cat", [1], [2]) for t in texts]
+    assert close(session.score(list("abcde"), grown), ref(grown, Meter(1)))
+
+
 def test_a_bidirectional_reward_model_scores_whole():
     from transformers import BertConfig, BertForSequenceClassification
 

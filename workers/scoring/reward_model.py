@@ -287,6 +287,58 @@ class RowCaches:
         return out
 
 
+class Branch(NamedTuple):
+    """Leading tokens that two or more fresh items of one prompt share beyond their parent branch (or the prompt's
+    shared prefix): tokens [start, end) of item `item`'s encoding, at depth `level` (1: below the prefix)."""
+
+    group: int
+    parent: int  # a branch's index, -1: the prompt's shared prefix
+    start: int
+    end: int
+    item: int
+    level: int
+
+
+def branch_tree(encoded: list[list[int]], idx: list[int], start: int, pad_id: int | None,
+                levels: int) -> tuple[list[Branch], dict[int, int]]:
+    """The radix tree of items `idx` of one prompt beyond the `start` tokens they all share: a branch for each run of
+    tokens that two or more of them share beyond their parent's (at most `levels` deep), never holding an item's
+    last real token (the one the head reads, which each item feeds in its own row). Returns the branches (a parent
+    before its children; `group` left 0) and each item's deepest branch (-1: none)."""
+    branches: list[Branch] = []
+    below: dict[int, int] = {}
+    todo = [(list(idx), start, -1, 0)]
+    while todo:
+        members, depth, parent, level = todo.pop()
+        by_token: dict[int, list[int]] = defaultdict(list)
+        for i in members:
+            if level < levels and last_real(encoded[i], pad_id) > depth:
+                by_token[encoded[i][depth]].append(i)
+            else:
+                below[i] = parent
+        for part in by_token.values():
+            if len(part) == 1:
+                below[part[0]] = parent
+                continue
+            end = shared_prefix([encoded[i] for i in part], pad_id)  # > depth: they share token `depth`
+            branches.append(Branch(0, parent, depth, end, part[0], level + 1))
+            todo.append((part, end, len(branches) - 1, level + 1))
+    return branches, below
+
+
+def fork(sources: list[tuple[RowCaches, int]]) -> tuple[RowCaches, list[int]]:
+    """Copies of rows of one or more RowCaches (`sources`: which rows, repeats allowed) in one, and the order of
+    its rows: row r is a copy of `sources[order[r]]` (the rows of one source stay together)."""
+    of: dict[int, list[int]] = defaultdict(list)  # id of a source -> positions in `sources`
+    parts: dict[int, RowCaches] = {}
+    for k, (p, _) in enumerate(sources):
+        of[id(p)].append(k)
+        parts[id(p)] = p
+    taken = [parts[key].take([sources[k][1] for k in ks]) for key, ks in of.items()]
+    order = [k for ks in of.values() for k in ks]
+    return (RowCaches.stack(taken) if len(taken) > 1 else taken[0]), order
+
+
 class CachedScoring:
     """Scores candidates again and again as they grow, keeping each one's reward-model KV cache between calls.
 
@@ -314,6 +366,7 @@ class CachedScoring:
     """
 
     PACK_FRACTION = 0.5
+    MAX_LEVELS = 4  # levels of branches below a prompt's shared prefix, a forward each (`branch_tree`)
 
     def __init__(self, scorer: RewardModelScorer, meter: Meter):
         self.s, self.meter = scorer, meter
@@ -452,8 +505,10 @@ class CachedScoring:
 
     def _feed_fresh(self, keys: list, groups: list[int], encoded: list[list[int]], final: list[bool],
                     fresh: dict[int, list[int]], free: int | None, out: list[float]) -> None:
-        """Feed the items without a cache: each prompt's shared prefix encoded once (a one-row seed), repeated over
-        its items, in batches within the budget."""
+        """Feed the items without a cache, in batches within the budget: each prompt's shared prefix encoded once
+        (a one-row seed), then the tokens that some of its items share beyond it, each branch of their tree fed once
+        (`branch_tree`, level by level, a row per branch forked from its parent's), and each item's remaining tokens
+        in a row of its own, forked from its deepest branch."""
         if not fresh:
             return
         seeds, shared_of = {}, {}
@@ -468,16 +523,43 @@ class CachedScoring:
             by_group: dict[int, list[int]] = defaultdict(list)
             for b in batch:
                 by_group[groups[items[b]]].append(items[b])
-            parts = []
-            for g, idx in by_group.items():
-                part = seeds[g].take([0] * len(idx))
-                part.keys, part.groups = [keys[i] for i in idx], [g] * len(idx)
-                part.plan = [Feed(shared_of[g], i) for i in idx]
-                parts.append(part)
-            rows = RowCaches.stack(parts) if len(parts) > 1 else parts[0]
-            self._forward(rows, encoded, out)
+            rows = self._feed_tree(by_group, seeds, shared_of, keys, encoded, out)
             if not all(final[i] for i in (items[b] for b in batch)):
                 self.parts.append(rows)
+
+    def _feed_tree(self, by_group: dict[int, list[int]], seeds: dict[int, RowCaches], shared_of: dict[int, int],
+                   keys: list, encoded: list[list[int]], out: list[float]) -> RowCaches:
+        """One batch of fresh items (prompt -> its items): the branches of each prompt's tree fed level by level
+        from its seed, then every item's own tokens; returns the items' rows."""
+        branches: list[Branch] = []
+        below: dict[int, int] = {}  # item -> its deepest branch, -1 for its seed
+        for g, idx in by_group.items():
+            base = len(branches)
+            tree, leaves = branch_tree(encoded, idx, shared_of[g], self.s.head_pad, self.MAX_LEVELS)
+            branches += [b._replace(group=g, parent=b.parent + base if b.parent >= 0 else -1) for b in tree]
+            below.update({i: j + base if j >= 0 else -1 for i, j in leaves.items()})
+        held: dict[int, tuple[RowCaches, int]] = {}  # branch -> the rows holding it and its row there
+
+        def parent_row(j: int, group: int) -> tuple[RowCaches, int]:
+            return held[j] if j >= 0 else (seeds[group], 0)
+
+        spelled = [encoded[b.item][: b.end] for b in branches]  # a branch's tokens, the prompt's prefix first
+        unused = [0.0] * len(branches)  # a branch's own score (at its last token) is no item's
+        for level in range(1, 1 + max((b.level for b in branches), default=0)):
+            at = [j for j, b in enumerate(branches) if b.level == level]
+            rows, order = fork([parent_row(branches[j].parent, branches[j].group) for j in at])
+            at = [at[k] for k in order]
+            rows.keys, rows.plan = [None] * len(at), [Feed(branches[j].start, j) for j in at]
+            self._forward(rows, spelled, unused)
+            held.update({j: (rows, r) for r, j in enumerate(at)})
+        idx = [i for members in by_group.values() for i in members]
+        group_of = {i: g for g, members in by_group.items() for i in members}
+        rows, order = fork([parent_row(below[i], group_of[i]) for i in idx])
+        idx = [idx[k] for k in order]
+        rows.keys = [keys[i] for i in idx]
+        rows.plan = [Feed(branches[below[i]].end if below[i] >= 0 else shared_of[group_of[i]], i) for i in idx]
+        self._forward(rows, encoded, out)
+        return rows
 
     def _seed(self, group: int, prefix: list[int]) -> RowCaches:
         """One row holding `prefix` (encoded now, and counted), or nothing when it is empty."""
