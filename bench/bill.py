@@ -11,9 +11,12 @@ KV space free (`workers.pool.pool.Pool`), and prints, per case:
   (everything it was fed), as `winnow report` counts them (`reporting.cost`);
 - **reward tokens per generated token** (generated: every candidate's, rejected ones up to their cut);
 - **CPU seconds** of the process (the sides alternate, `--repeats` times, least of each) and wall seconds;
-- **the reward matched**: SR's mean best reward against Best-of-N's at N = n / 4, n / 2 and n, the N whose reward
-  SR reaches (interpolated in log N) and Best-of-N's steps and FLOPs at that N (interpolated the same way): SR's
-  figures against Best-of-N's **at the same reward**, and against Best-of-n's.
+- **the reward matched**: the N whose Best-of-N reaches SR's mean best reward, on Best-of-k's expected reward for
+  every k up to n (`best_of_k`, from the Best-of-n run's candidates: the same samples SR's candidates start as),
+  and Best-of-N's steps, FLOPs and CPU seconds at that N, linear in N between its runs at n / 4, n / 2 and n:
+  SR's figures against Best-of-N's **at the same reward**, and against Best-of-n's. (Until issue 27's last round
+  the N came from the three runs' rewards and the costs too were interpolated in log N, which puts more cost on
+  Best-of-N between its runs than it has: steps grow in proportion to N.)
 
 Cases (`--cases`):
 - ``tiny``: the bundled trio with its reward model, on generated concept prompts of its world
@@ -78,21 +81,38 @@ def real_items(count: int) -> list[dict]:
     return items[:count]
 
 
-def interpolate(ns: list[int], values: list[float], rewards: list[float], reward: float) -> tuple[float, float]:
-    """(N, value at N): the N of a Best-of-N sweep whose mean reward is `reward`, linear in log N between the two
-    sweep points around it (clamped to the sweep's ends), and a figure of the sweep interpolated at that N."""
-    pts = sorted(zip(rewards, ns, values))
-    if reward <= pts[0][0]:
-        return float(pts[0][1]), float(pts[0][2])
-    if reward >= pts[-1][0]:
-        return float(pts[-1][1]), float(pts[-1][2])
-    for (r0, n0, v0), (r1, n1, v1) in zip(pts, pts[1:]):
-        if r0 <= reward <= r1:
-            t = 0.0 if r1 == r0 else (reward - r0) / (r1 - r0)
-            n = math.exp(math.log(n0) + t * (math.log(n1) - math.log(n0)))
-            u = 0.0 if n1 == n0 else (math.log(n) - math.log(n0)) / (math.log(n1) - math.log(n0))
-            return n, v0 + u * (v1 - v0)
-    raise AssertionError("unreachable")
+def best_of_k(rows: list[dict], k: int) -> float:
+    """Best-of-k's expected mean best reward, from Best-of-n runs' rows (n >= k candidates per prompt): per prompt,
+    the expected highest of k of its candidates' rewards drawn without replacement (sum over the sorted rewards
+    r_(1) <= ... <= r_(n) of r_(i) C(i - 1, k - 1) / C(n, k)), averaged over the prompts. Exact for Best-of-k under
+    the same sampling, with less noise than a run of k candidates (every subset of k counts, not the first)."""
+    total = 0.0
+    for row in rows:
+        rewards = sorted(c["reward"] for c in row["candidates"])
+        n = len(rewards)
+        total += sum(rewards[i] * math.comb(i, k - 1) for i in range(k - 1, n)) / math.comb(n, k)
+    return total / len(rows)
+
+
+def matched_n(curve: list[float], reward: float) -> float:
+    """The N whose Best-of-N reward is `reward`, on `curve` (curve[k - 1]: Best-of-k's), linear between whole N and
+    clamped to the curve's ends."""
+    if reward <= curve[0]:
+        return 1.0
+    for k in range(1, len(curve)):
+        if curve[k - 1] <= reward <= curve[k]:
+            return k + (0.0 if curve[k] == curve[k - 1] else (reward - curve[k - 1]) / (curve[k] - curve[k - 1]))
+    return float(len(curve))
+
+
+def cost_at(ns: list[int], values: list[float], n: float) -> float:
+    """A Best-of-N figure (steps, FLOPs, CPU seconds) at N = `n`, linear in N between the runs around it (the first
+    or last two runs beyond them): Best-of-N's work grows in proportion to N (the runs' steps do, within a few %)."""
+    pts = sorted(zip(ns, values))
+    for (n0, v0), (n1, v1) in zip(pts, pts[1:]):
+        if n <= n1 or (n1, v1) == pts[-1]:
+            return v0 + (n - n0) * (v1 - v0) / (n1 - n0)
+    return pts[0][1]
 
 
 class Case:
@@ -154,9 +174,11 @@ def bench_case(case: Case, engine: str, n: int, width: int, repeats: int, tmp: s
         runners[name] = Runner(config, share=first) if first is not None else Runner(config)
         first = first or runners[name]
     out: dict[str, dict] = {}
+    rows_of: dict[str, list[dict]] = {}
     for _ in range(repeats):  # the sides alternate, so that the machine's load falls on all of them
         for name, runner in runners.items():
             rows, cpu, wall = run_side(runner, case.items)
+            rows_of[name] = rows
             fig = case.figures(rows)
             if name in out:
                 fig.update(cpu_s=min(cpu, out[name]["cpu_s"]), wall_s=min(wall, out[name]["wall_s"]))
@@ -168,16 +190,15 @@ def bench_case(case: Case, engine: str, n: int, width: int, repeats: int, tmp: s
                   f"{fig['cpu_s']:.1f} CPU s", flush=True)
     bons = [k for k in out if k.startswith("BoN-")]
     ns = [int(k.split("-")[1]) for k in bons]
-    rewards = [out[k]["mean_best_reward"] for k in bons]
     sr, bon_n = out[f"SR-{n}"], out[f"BoN-{n}"]
-    matched, steps_at = interpolate(ns, [out[k]["decoding_steps"] for k in bons], rewards, sr["mean_best_reward"])
-    _, gflop_at = interpolate(ns, [out[k]["gflop"] for k in bons], rewards, sr["mean_best_reward"])
-    _, cpu_at = interpolate(ns, [out[k]["cpu_s"] for k in bons], rewards, sr["mean_best_reward"])
+    curve = [best_of_k(rows_of[f"BoN-{n}"], k) for k in range(1, n + 1)]
+    matched = matched_n(curve, sr["mean_best_reward"])
+    at = {k: cost_at(ns, [out[b][k] for b in bons], matched) for k in ("decoding_steps", "gflop", "cpu_s")}
     out["SR / BoN-n"] = {k: sr[k] / bon_n[k] for k in ("decoding_steps", "gflop", "target_gflop", "cpu_s", "wall_s",
                                                        "generated_tokens", "reward_tokens") if bon_n[k]}
     out["SR / BoN-n"]["mean_best_reward"] = sr["mean_best_reward"] - bon_n["mean_best_reward"]
-    out["SR / BoN at the same reward"] = {"matched_n": matched, "decoding_steps": sr["decoding_steps"] / steps_at,
-                                          "gflop": sr["gflop"] / gflop_at, "cpu_s": sr["cpu_s"] / cpu_at}
+    out["SR / BoN at the same reward"] = {"matched_n": matched, **{k: sr[k] / v for k, v in at.items()}}
+    out["Best-of-k"] = {"k": list(range(1, n + 1)), "mean_best_reward": curve}
     return out
 
 
@@ -239,8 +260,9 @@ def main(argv: list[str] | None = None) -> int:
                 for n in (int(x) for x in args.ns.split(",")):
                     width = max(args.width, n)
                     got = bench_case(case, engine, n, width, args.repeats, tmp, args.kv_cache_mb)
+                    shown = {k: v for k, v in got.items() if k != "Best-of-k"}
                     print(table(f"{case.name}, engine {engine}, n = {n}, width {width}, {len(case.items)} prompts",
-                                got, ["mean_best_reward", "decoding_steps", "mean_width", "gflop", "reward_gflop",
+                                shown, ["mean_best_reward", "decoding_steps", "mean_width", "gflop", "reward_gflop",
                                       "reward_per_generated", "generated_tokens", "cpu_s", "wall_s", "matched_n"],
                                 first="side"), flush=True)
                     got["setup"] = {"prompts": len(case.items), "width": width, "new_tokens": case.max_new_tokens,

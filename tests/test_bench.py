@@ -78,3 +78,25 @@ def test_gpu_bench_runs_its_own_code_on_the_cpu(tmp_path, capsys):
     assert versus["engine"]["tokens"] == versus["generate"]["tokens"] == 4 * 8  # random weights: every row to 8
     assert rejection["sr"]["rounds"] > 0 and rejection["sr"]["tokens"] < rejection["bon"]["tokens"]
     assert [r["cudnn"] for r in report["cudnn_ab"]] == [True, False] * 3
+
+
+def test_bill_matches_speculative_rejection_against_best_of_k_from_every_subset():
+    """bench.bill's Best-of-k reward is the mean over every k-subset of a Best-of-n run's candidates (checked by
+    enumeration), the N matched to a reward lies between whole k, and Best-of-N's costs are linear in N."""
+    import itertools
+    import random
+
+    from bench.bill import best_of_k, cost_at, matched_n
+
+    rng = random.Random(0)
+    rows = [{"candidates": [{"reward": rng.random()} for _ in range(6)]} for _ in range(3)]
+    for k in range(1, 7):
+        want = sum(sum(max(c["reward"] for c in subset) for subset in itertools.combinations(r["candidates"], k))
+                   / math.comb(6, k) for r in rows) / len(rows)
+        assert best_of_k(rows, k) == pytest.approx(want)
+    assert best_of_k(rows, 6) == pytest.approx(sum(max(c["reward"] for c in r["candidates"]) for r in rows) / 3)
+    curve = [best_of_k(rows, k) for k in range(1, 7)]
+    assert matched_n(curve, (curve[2] + curve[3]) / 2) == pytest.approx(3.5)
+    assert matched_n(curve, curve[5] + 1) == 6 and matched_n(curve, curve[0] - 1) == 1
+    assert cost_at([8, 16, 32], [200, 400, 800], 24) == pytest.approx(600)
+    assert cost_at([8, 16, 32], [200, 400, 800], 4) == pytest.approx(100)  # below the runs: the first segment's line

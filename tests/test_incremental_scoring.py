@@ -149,6 +149,29 @@ def test_candidates_that_share_leading_tokens_feed_them_once():
     assert close(session.score(list("abcde"), grown), ref(grown, Meter(1)))
 
 
+def test_the_templates_head_is_encoded_once_per_session():
+    """Every prompt's encoding starts with the template's head ('[BOS]### User:'): a session encodes it once and
+    each prompt from there, also a prompt of one candidate (no shared prefix of its own); a conversation whose
+    encoding does not start with it (a system turn first) is encoded whole. The scores are whole scoring's."""
+    scorer = scorer_with(PROMPT_FIRST)
+    head = scorer.template_head
+    assert scorer.tok.convert_ids_to_tokens(head) == ["[BOS]", "#", "#", "#", "User", ":"]
+    ref = whole_scorer(scorer)
+    system = [{"role": "system", "content": "be brief"}, {"role": "user", "content": PROMPTS[2]}]
+    prompts = [[{"role": "user", "content": PROMPTS[0]}], [{"role": "user", "content": PROMPTS[1]}], system]
+    items = [Scored(0, prompts[0], "the dog", [1], [2]), Scored(0, prompts[0], "a cat", [1], [2]),
+             Scored(1, prompts[1], "the field", [1], [2]), Scored(2, system, "a student", [1], [2])]
+    encoded = [scorer.encode(it) for it in items]
+    assert encoded[3][: len(head)] != head
+    meter = Meter(3)
+    session = scorer.session(meter)
+    assert close(session.score([0, 1, 2, 3], items), ref(items, Meter(3)))
+    shared = len(os.path.commonprefix(encoded[:2]))
+    want = len(head) + (shared - len(head)) + sum(len(e) - shared for e in encoded[:2])  # prompt 0
+    want += len(encoded[2]) - len(head) + len(encoded[3])  # prompt 1 from the head, the system turn whole
+    assert int(meter.tokens["reward"].sum()) == want
+
+
 def test_a_bidirectional_reward_model_scores_whole():
     from transformers import BertConfig, BertForSequenceClassification
 

@@ -43,6 +43,15 @@ def reward_input(tokenizer, item: Scored, response: str | None = None) -> list[i
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
+def template_head(tokenizer) -> list[int]:
+    """The leading token ids that the reward tokenizer's template gives every prompt (its opening tokens, a default
+    system turn): the longest common prefix of the encodings of a few conversations with different contents. An
+    encoding that starts with them may share their cache; one that does not is encoded whole."""
+    encodings = [reward_input(tokenizer, Scored(0, [{"role": "user", "content": text}], text, [], []))
+                 for text in ("", "0", "a b", "Zz.")]
+    return encodings[0][: len(os.path.commonprefix(encodings))]
+
+
 def reward_inputs(tokenizer, max_len: int | None, items: list[Scored], meter,
                   responses: list[str] | None = None) -> tuple[list[list[int]], set[int]]:
     """Every item's reward input (`reward_input`, with `responses[i]` as its assistant turn where given), those

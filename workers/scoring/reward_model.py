@@ -30,6 +30,7 @@ from workers.scoring.items import (
     reward_inputs,
     right_padded,
     shared_prefix,
+    template_head,
     token_budget_batches,
 )
 from workers.scoring.scorers import Rescoring
@@ -74,6 +75,7 @@ class RewardModelScorer:
         self.pad = self.tok.pad_token_id
         self.head_pad = model.config.get_text_config().pad_token_id  # the id the classification head skips
         self.kv_bytes_per_token = model_kv_bytes(model)  # replaced by the cache's own, measured by the probe
+        self.template_head = template_head(tokenizer)  # what every prompt's encoding starts with (a session's once)
         self.shares_prefix = prefix_sharing_is_exact(model, self.pad)
         self.incremental = self.shares_prefix and incremental_is_exact(self)
         # what a session keeps per token of a running candidate: its cache, where it keeps one
@@ -350,7 +352,10 @@ class CachedScoring:
     head reads (the last non-pad one), so every row feeds at least that token; an unchanged encoding gets its last
     score without a forward. Positions count only real columns, so every score equals the model's score of the
     whole encoding (float noise aside). A key without a cache starts from its prompt's shared prefix, encoded once
-    for the prompt's new keys of the call (as RewardModelScorer does), or from nothing.
+    for the prompt's new keys of the call (as RewardModelScorer does) from the template's head, which the session
+    encodes once for every prompt (`_seed`); the leading tokens that some of the prompt's new keys share beyond it
+    are fed once too, the branches of a radix tree (`branch_tree`, `_feed_tree`): at a first decision most
+    candidates start alike ("The", "Sure,").
 
     New tokens are right-aligned in each forward, so every row's last column is its last token (what the head
     reads); the shorter rows' holes sit before their new tokens. Rows that one forward serves share one cache
@@ -372,6 +377,7 @@ class CachedScoring:
         self.s, self.meter = scorer, meter
         self.parts: list[RowCaches] = []
         self.leaving: set = set()  # keys to drop at the next release (final, or cut to the context)
+        self.head: RowCaches | None = None  # the template's head, one row, encoded at its first use (`_seed`)
         self.warned = False
 
     def cache_bytes(self) -> int:
@@ -512,10 +518,15 @@ class CachedScoring:
         if not fresh:
             return
         seeds, shared_of = {}, {}
+        head = self.s.template_head
         for g, idx in fresh.items():
             shared = shared_prefix([encoded[i] for i in idx], self.s.head_pad) if len(idx) > 1 else 0
-            shared_of[g] = shared if shared >= self.s.MIN_SHARED else 0
-            seeds[g] = self._seed(g, encoded[idx[0]][: shared_of[g]])
+            if shared < self.s.MIN_SHARED:  # too short for a prefill of its own, but the template's head is held
+                shared = len(head) if head and all(encoded[i][: len(head)] == head and
+                                                   last_real(encoded[i], self.s.head_pad) >= len(head)
+                                                   for i in idx) else 0
+            shared_of[g] = shared
+            seeds[g] = self._seed(g, encoded[idx[0]][:shared])
         items = [i for idx in fresh.values() for i in idx]
         lengths = [len(encoded[i]) - shared_of[groups[i]] for i in items]
         budget = self.s.tokens_budget(free, max(lengths), max(shared_of.values()))
@@ -562,7 +573,23 @@ class CachedScoring:
         return rows
 
     def _seed(self, group: int, prefix: list[int]) -> RowCaches:
-        """One row holding `prefix` (encoded now, and counted), or nothing when it is empty."""
+        """One row holding `prefix` (encoded now, and counted), or nothing when it is empty. A prefix that starts with
+        the template's head (`RewardModelScorer.template_head`) starts from the session's one cache of it (encoded
+        at its first use, counted to that prompt)."""
+        head = self.s.template_head
+        if not head or prefix[: len(head)] != head:
+            return self._encoded(group, prefix)
+        if self.head is None:
+            self.head = self._encoded(group, head)
+        row = self.head.take([0])
+        row.groups = [group]
+        if len(prefix) > len(head):
+            row.plan = [Feed(len(head), 0)]
+            self._forward(row, [prefix], [0.0])
+        return row
+
+    def _encoded(self, group: int, prefix: list[int]) -> RowCaches:
+        """One row holding `prefix`, encoded now and counted (nothing when it is empty)."""
         device, config = self.s.device, self.s.model.config
         if not prefix:
             return RowCaches(config, None, torch.zeros((1, 0), dtype=torch.long, device=device), [None], [group], [[]],
