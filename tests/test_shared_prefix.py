@@ -132,3 +132,40 @@ def test_sharing_is_kept_for_caches_worth_it():
     with torch.inference_mode():
         batch = engine.prefill([p.ids], 16, [p.rng_key], [8])
     assert not isinstance(batch.cache, sp.SharedPrefixCache)  # the tiny trio's prompt repeats
+
+
+def test_a_batch_that_prompts_join_holds_the_columns_and_prefixes_of_the_prompts_it_runs(monkeypatch):
+    """Best-of-4 of 12 prompts at a width of 8 on the hf decoder, the prompts' cache shared: candidates end at
+    their own lengths, so prompts join a batch that has decoded for a while. The batch holds the columns of the
+    widest prompt and of its oldest sequence's tokens (at most 40), not one column per step it has lived (over 100
+    here), and the prefixes of the prompts it runs, not of every prompt it ran; the rows are the repeated cache's."""
+    from tests.trio_helpers import params_of, trio_context
+    from workers.engines.hf import HfDecoder
+    from workers.pool.pool import Pool, decode
+
+    items = demo_items(12)
+    ps = trio_prompts(items, 40)
+    bon = params_of({"name": "best_of_n", "n": 4})
+    seen = []
+    step = TargetSampler.step
+
+    def watched(self, batch):
+        if isinstance(batch.cache, sp.SharedPrefixCache):
+            seen.append((batch.kv_columns(), batch.cache.prompts, len(set(batch.group.tolist()))))
+        return step(self, batch)
+
+    def run():
+        ctx = trio_context(Meter(len(ps)), {"max_new_tokens": 40})
+        with torch.inference_mode():
+            return decode(Pool.for_method(ctx, HfDecoder(ctx, 4, width=8), bon), ps)
+
+    monkeypatch.setattr(TargetSampler, "step", watched)
+    monkeypatch.setattr(sp, "SHARE_MIN_BYTES", 0)
+    shared = run()
+    assert len(seen) > 100
+    widest = max(len(p.ids) for p in ps)
+    assert max(columns for columns, _, _ in seen) <= widest + 40
+    assert all(prefixes <= running + 2 for _, prefixes, running in seen)  # ended prompts leave at the next join
+    monkeypatch.setattr("workers.decoding.target.share", lambda *a: None)
+    for a, b in zip(shared, run()):
+        assert [c.tokens for c in a.candidates] == [c.tokens for c in b.candidates]

@@ -105,15 +105,27 @@ class Batch:
             self.select(self.alive.nonzero().flatten())
 
     def trim_left(self) -> None:
-        """Drop leading columns that are holes in every sequence (left padding no survivor needs)."""
-        real = self.mask.any(0)
-        if self.size == 0 or bool(real[0]):
+        """Drop leading columns that are holes in every sequence (left padding no survivor needs); with a shared
+        prefix, those of the prefix and those that lead the columns after it (the steps decoded before any survivor
+        joined), so that a batch that prompts join while it decodes holds the columns its sequences use, not one per
+        step it has lived."""
+        if self.size == 0:
             return
-        first = int(real.float().argmax())
+        real = self.mask.any(0)
         if isinstance(self.cache, SharedPrefixCache):
+            width = self.cache.width
+            after = int(real[width:].float().argmax()) if bool(real[width:].any()) else self.mask.shape[1] - width
+            if after:
+                self.cache.drop_suffix(after)
+                self.mask = torch.cat([self.mask[:, :width], self.mask[:, width + after:]], 1)
+            first = int(real[:width].float().argmax()) if bool(real[:width].any()) else width
             first = self.cache.drop_left(first)  # the holes of the prompts' own columns
-        elif not drop_left(self.cache, first):
-            return  # sliding-window and other layer kinds keep their own column bookkeeping
+        else:
+            if bool(real[0]):
+                return
+            first = int(real.float().argmax())
+            if not drop_left(self.cache, first):
+                return  # sliding-window and other layer kinds keep their own column bookkeeping
         self.mask = self.mask[:, first:]
 
     def extend(self, other: Batch, pad_id: int) -> None:

@@ -93,6 +93,7 @@ class SharedPrefixCache(DynamicCache):
         columns and before `other`'s prefix; the caller masks them (and `other`'s suffix columns) as holes."""
         if other._n_suffix():
             raise ValueError("only freshly prefilled sequences can join a shared-prefix cache")
+        self._drop_ended_prompts()
         width = max(self.width, other.width)
         pad_self, pad_other = width - self.width, width - other.width
         self.group = torch.cat([self.group, other.group + self.prompts])  # other's prompts come after ours
@@ -106,6 +107,29 @@ class SharedPrefixCache(DynamicCache):
 
     def _n_suffix(self) -> int:
         return self.layers[0].get_seq_length() - self.width if self.layers else 0
+
+    def _drop_ended_prompts(self) -> None:
+        """Drop the prefixes of prompts none of whose sequences is left (a batch that prompts join while it decodes
+        would otherwise hold, and copy at every join, the prefix of every prompt it ever ran)."""
+        used = torch.unique(self.group)  # ascending
+        if used.numel() == self.prompts:
+            return
+        remap = torch.full((self.prompts,), -1, dtype=torch.long, device=self.group.device)
+        remap[used] = torch.arange(used.numel(), device=self.group.device)
+        self.group = remap[self.group]
+        for layer in self.layers:
+            layer.pk, layer.pv = layer.pk[used.to(layer.pk.device)], layer.pv[used.to(layer.pv.device)]
+        self._runs = None
+
+    def drop_suffix(self, columns: int) -> None:
+        """Drop the first `columns` columns after the prefix (holes in every sequence: the steps decoded before any
+        of its sequences joined), as views of the same storage; its spare columns stay writable."""
+        for layer in self.layers:
+            if layer._n:
+                c = min(columns, layer._n)
+                layer._k, layer._v = layer._k[:, :, c:], layer._v[:, :, c:]
+                layer._n -= c
+                layer._nv -= c
 
     def drop_left(self, columns: int) -> int:
         """Drop up to `columns` leading prefix columns (holes in every sequence); returns how many were dropped."""
