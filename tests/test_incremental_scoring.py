@@ -283,24 +283,46 @@ def test_sr_with_alpha_zero_is_best_of_n_with_incremental_scoring():
         assert [c.reward for c in s.candidates] == pytest.approx([c.reward for c in b.candidates], abs=1e-4)
 
 
-def test_short_memory_splits_batches_and_drops_caches_without_changing_scores(monkeypatch):
-    """With no free memory every forward takes one row, and at each release the caches kept are cut to a quarter
-    of the session's own bytes: the dropped candidates start from their prompt again, with the same scores."""
+def test_short_memory_splits_batches_and_keeps_caches_within_their_share_without_changing_scores(monkeypatch):
+    """With no free memory no cache is kept: every call scores from the prompts (each forward one row).
+    With free memory for a few candidates' caches, the caches kept stay within a quarter of it and of the session's
+    own bytes, during a call as at a release: the others start from their prompt again. The scores never change."""
     import workers.scoring.reward_model as rewards
 
     scorer = scorer_with(PROMPT_FIRST)
     ref = whole_scorer(scorer)
+
+    def rounds(session, after_call):
+        texts = {(g, c): "the dog" for g in range(2) for c in range(4)}
+        for rnd in range(3):
+            texts = {k: t + " a field ." if k[1] % 2 else t + " a cat" for k, t in texts.items()}
+            keys = sorted(texts)
+            items = [Scored(g, [{"role": "user", "content": PROMPTS[g]}], texts[(g, c)], [1], [2]) for g, c in keys]
+            assert close(session.score(keys, items), ref(items, Meter(2)))
+            after_call(session.cache_bytes())
+            held = session.cache_bytes()
+            session.release([])
+            after_call(held)
+
+    roomy = scorer.session(Meter(2))
+    roomy.score([0], [Scored(0, [{"role": "user", "content": PROMPTS[0]}], "the dog a cat", [1], [2])])
+    row = roomy.cache_bytes()
     monkeypatch.setattr(rewards, "device_free_bytes", lambda device: 0)
     session = scorer.session(Meter(2))
-    texts = {(g, c): "the dog" for g in range(2) for c in range(4)}
-    for rnd in range(3):
-        texts = {k: t + " a field ." if k[1] % 2 else t + " a cat" for k, t in texts.items()}
-        keys = sorted(texts)
-        items = [Scored(g, [{"role": "user", "content": PROMPTS[g]}], texts[(g, c)], [1], [2]) for g, c in keys]
-        assert close(session.score(keys, items), ref(items, Meter(2)))
-        assert all(p.size == 1 for p in session.parts)
-        session.release([])
-        assert 0 < len(session.held()) <= len(keys) // 4
+
+    def nothing_kept(_):
+        assert all(p.size == 1 for p in session.parts) and session.held() == []
+
+    rounds(session, nothing_kept)
+    free = 12 * row
+    monkeypatch.setattr(rewards, "device_free_bytes", lambda device: free)
+    session = scorer.session(Meter(2))
+
+    def within_share(held):  # after a call (without its bound every candidate would be kept), then a release
+        assert 0 < len(session.held()) < 8
+        assert session.cache_bytes() <= (free + held) * rewards.CACHE_MEMORY_FRACTION
+
+    rounds(session, within_share)
 
 
 def test_a_call_for_some_prompts_feeds_only_their_rows():

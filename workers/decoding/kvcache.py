@@ -294,7 +294,12 @@ def cache_of(config, layers: list[tuple[torch.Tensor, torch.Tensor]]) -> Dynamic
         return None
     cache = DynamicCache(config=config)
     for i, (k, v) in enumerate(layers):
-        cache.update(k, v, i)
+        layer = cache.layers[i] if i < len(cache.layers) else None
+        if type(layer) is DynamicLayer:  # holds the tensors given, where an update would copy them
+            layer.lazy_initialization(k, v)
+            layer.keys, layer.values = k, v
+        else:
+            cache.update(k, v, i)
     return cache
 
 

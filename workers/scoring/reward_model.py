@@ -22,7 +22,16 @@ from transformers.cache_utils import DynamicLayer
 
 from workers.accounting.cost import Meter
 from workers.accounting.memory import device_free_bytes
-from workers.decoding.kvcache import cache_kw, context_length, fork_cache, layers_of, model_kv_bytes, pack, stack_caches
+from workers.decoding.kvcache import (
+    cache_kw,
+    cache_of,
+    context_length,
+    fork_cache,
+    layers_of,
+    model_kv_bytes,
+    pack,
+    stack_caches,
+)
 from workers.scoring.items import (
     Scored,
     last_real,
@@ -330,15 +339,41 @@ def branch_tree(encoded: list[list[int]], idx: list[int], start: int, pad_id: in
 
 def fork(sources: list[tuple[RowCaches, int]]) -> tuple[RowCaches, list[int]]:
     """Copies of rows of one or more RowCaches (`sources`: which rows, repeats allowed) in one, and the order of
-    its rows: row r is a copy of `sources[order[r]]` (the rows of one source stay together)."""
+    its rows: row r is a copy of `sources[order[r]]` (the rows of one source stay together, right-aligned to the
+    widest source, the narrower ones' leading columns holes). Written once into the new cache: a row repeated from
+    one source (a prompt's prefix for each of its candidates) is broadcast, not copied first."""
     of: dict[int, list[int]] = defaultdict(list)  # id of a source -> positions in `sources`
     parts: dict[int, RowCaches] = {}
     for k, (p, _) in enumerate(sources):
         of[id(p)].append(k)
         parts[id(p)] = p
-    taken = [parts[key].take([sources[k][1] for k in ks]) for key, ks in of.items()]
     order = [k for ks in of.values() for k in ks]
-    return (RowCaches.stack(taken) if len(taken) > 1 else taken[0]), order
+    width = max(p.width for p in parts.values())
+    first = next(iter(parts.values()))
+    mask = first.mask.new_zeros((len(sources), width))
+    filled = next((p.cache for p in parts.values() if p.cache is not None), None)
+    layers = [(k.new_zeros((len(sources), *k.shape[1:2], width, k.shape[-1])),
+               v.new_zeros((len(sources), *v.shape[1:2], width, v.shape[-1]))) for k, v in layers_of(filled)] \
+        if filled is not None else []
+    at = 0
+    for key, ks in of.items():
+        p, rows = parts[key], [sources[k][1] for k in ks]
+        span, cols = slice(at, at + len(rows)), slice(width - p.width, width)
+        same = len(set(rows)) == 1
+        pick = (lambda t: t[rows[0]: rows[0] + 1]) if same else \
+            (lambda t: t.index_select(0, torch.tensor(rows, dtype=torch.long, device=t.device)))
+        mask[span, cols] = pick(p.mask)
+        if p.cache is not None:
+            for (k_out, v_out), (k_in, v_in) in zip(layers, layers_of(p.cache)):
+                k_out[span, :, cols] = pick(k_in)
+                v_out[span, :, cols] = pick(v_in)
+        at += len(rows)
+    picked = [sources[k] for k in order]
+    out = RowCaches(first.config, cache_of(first.config, layers) if layers else None, mask,
+                    [p.keys[r] for p, r in picked], [p.groups[r] for p, r in picked],
+                    [list(p.ids[r]) for p, r in picked], [p.scores[r] for p, r in picked])
+    out.plan = [p.plan[r] for p, r in picked]
+    return out, order
 
 
 class CachedScoring:
@@ -435,10 +470,13 @@ class CachedScoring:
         allowed = (free + held) * CACHE_MEMORY_FRACTION
         while self.parts and held > allowed:
             held -= self.parts.pop().nbytes()
-            if not self.warned:
-                self.warned = True
-                log.info("reward caches over %.0f%% of the free memory: some candidates are scored from their prompt "
-                         "again", 100 * CACHE_MEMORY_FRACTION)
+            self._warn_over()
+
+    def _warn_over(self) -> None:
+        if not self.warned:
+            self.warned = True
+            log.info("reward caches over %.0f%% of the free memory: some candidates are scored from their prompt "
+                     "again", 100 * CACHE_MEMORY_FRACTION)
 
     # -- one call, token level -------------------------------------------------------------------------------------
     def feed(self, keys: list, groups: list[int], encoded: list[list[int]], final: list[bool]) -> list[float]:
@@ -530,13 +568,40 @@ class CachedScoring:
         items = [i for idx in fresh.values() for i in idx]
         lengths = [len(encoded[i]) - shared_of[groups[i]] for i in items]
         budget = self.s.tokens_budget(free, max(lengths), max(shared_of.values()))
-        for batch in token_budget_batches(lengths, budget):
+        held = self.cache_bytes()
+        allowed = math.inf if free is None else (free + held) * CACHE_MEMORY_FRACTION
+        for batch in self._keepable(token_budget_batches(lengths, budget), [shared_of[groups[i]] for i in items],
+                                    lengths, allowed - held):
             by_group: dict[int, list[int]] = defaultdict(list)
             for b in batch:
                 by_group[groups[items[b]]].append(items[b])
             rows = self._feed_tree(by_group, seeds, shared_of, keys, encoded, out)
-            if not all(final[i] for i in (items[b] for b in batch)):
-                self.parts.append(rows)
+            if all(final[i] for i in (items[b] for b in batch)):
+                continue
+            if held + rows.nbytes() > allowed:  # kept within the caches' share of the memory, as `release` keeps
+                self._warn_over()
+                continue
+            held += rows.nbytes()
+            self.parts.append(rows)
+
+    def _keepable(self, batches: list[list[int]], shared: list[int], own: list[int], room: float) -> list[list[int]]:
+        """`batches` of items (each `shared` columns from its prompt's seed, `own` of its own), the batch that would
+        pass `room` bytes of caches split where it passes, so that the rows before the split can be kept and the
+        rest are scored without keeping them. A batch's rows are right-aligned: they take at most the most shared
+        columns and, for the own ones, as many as the most own ones at each level of the tree and after it."""
+        kv, out, levels = self.s.kv_bytes_per_token, [], self.MAX_LEVELS + 1
+        for batch in batches:
+            most_shared = most_own = 0
+            for k, b in enumerate(batch):
+                most_shared, most_own = max(most_shared, shared[b]), max(most_own, own[b])
+                if (k + 1) * (most_shared + levels * most_own) * kv > room:
+                    out += [batch[:k], batch[k:]] if k else [batch]
+                    room = 0
+                    break
+            else:
+                out.append(batch)
+                room -= len(batch) * (most_shared + levels * most_own) * kv
+        return out
 
     def _feed_tree(self, by_group: dict[int, list[int]], seeds: dict[int, RowCaches], shared_of: dict[int, int],
                    keys: list, encoded: list[list[int]], out: list[float]) -> RowCaches:
