@@ -144,15 +144,18 @@ def test_candidates_that_share_leading_tokens_feed_them_once():
     session = scorer.session(meter)
     assert close(session.score(list("abcde"), items), ref(items, Meter(1)))
     distinct = {tuple(e[:k]) for e in encoded for k in range(shared + 1, len(e))}
-    assert int(meter.tokens["reward"].sum()) == shared + len(distinct) + len(items)
+    head = len(scorer.template_head)  # encoded by the scorer, charged to no prompt
+    assert int(meter.tokens["reward"].sum()) == shared - head + len(distinct) + len(items)
     grown = [Scored(0, prompt, t + " a cat", [1], [2]) for t in texts]
     assert close(session.score(list("abcde"), grown), ref(grown, Meter(1)))
 
 
-def test_the_templates_head_is_encoded_once_per_session():
-    """Every prompt's encoding starts with the template's head ('[BOS]### User:'): a session encodes it once and
-    each prompt from there, also a prompt of one candidate (no shared prefix of its own); a conversation whose
-    encoding does not start with it (a system turn first) is encoded whole. The scores are whole scoring's."""
+def test_the_templates_head_is_encoded_once_by_the_scorer():
+    """Every prompt's encoding starts with the template's head ('[BOS]### User:'): the scorer encodes it once, as
+    it loads (charged to no prompt, so that what a prompt costs does not depend on the prompts that shared its
+    session), and each prompt is fed from there, also a prompt of one candidate (no shared prefix of its own); a
+    conversation whose encoding does not start with it (a system turn first) is encoded whole. The scores are whole
+    scoring's."""
     scorer = scorer_with(PROMPT_FIRST)
     head = scorer.template_head
     assert scorer.tok.convert_ids_to_tokens(head) == ["[BOS]", "#", "#", "#", "User", ":"]
@@ -167,7 +170,7 @@ def test_the_templates_head_is_encoded_once_per_session():
     session = scorer.session(meter)
     assert close(session.score([0, 1, 2, 3], items), ref(items, Meter(3)))
     shared = len(os.path.commonprefix(encoded[:2]))
-    want = len(head) + (shared - len(head)) + sum(len(e) - shared for e in encoded[:2])  # prompt 0
+    want = (shared - len(head)) + sum(len(e) - shared for e in encoded[:2])  # prompt 0
     want += len(encoded[2]) - len(head) + len(encoded[3])  # prompt 1 from the head, the system turn whole
     assert int(meter.tokens["reward"].sum()) == want
 

@@ -85,8 +85,13 @@ class RewardModelScorer:
         self.head_pad = model.config.get_text_config().pad_token_id  # the id the classification head skips
         self.kv_bytes_per_token = model_kv_bytes(model)  # replaced by the cache's own, measured by the probe
         self.template_head = template_head(tokenizer)  # what every prompt's encoding starts with (a session's once)
+        self.head_row: RowCaches | None = None  # set below, once the model is known to score incrementally
         self.shares_prefix = prefix_sharing_is_exact(model, self.pad)
         self.incremental = self.shares_prefix and incremental_is_exact(self)
+        # the template's head, encoded once here (a load-time cost, as the probes are, charged to no prompt, so that
+        # a prompt's cost does not depend on which prompts shared its session): every session's prompts start from it
+        self.head_row = RowCaches.encoded(model, self.template_head) if self.incremental and self.template_head \
+            else None
         # what a session keeps per token of a running candidate: its cache, where it keeps one
         self.session_kv_bytes_per_token = self.kv_bytes_per_token if self.incremental else 0
         log.info("reward model %s", "keeps each candidate's cache between calls" if self.incremental else
@@ -264,6 +269,16 @@ class RowCaches:
         self.keys, self.groups, self.ids, self.scores = keys, groups, ids, scores
         self.plan: list[Feed | None] = [None] * len(keys)
 
+    @staticmethod
+    @torch.inference_mode()
+    def encoded(model, ids: list[int], group: int = 0) -> "RowCaches":
+        """One row holding `ids`, encoded now (not counted: the caller counts it where it is a prompt's)."""
+        device = next(model.parameters()).device
+        cache = DynamicCache(config=model.config)
+        t = torch.tensor([ids], dtype=torch.long, device=device)
+        model(input_ids=t, attention_mask=torch.ones_like(t), **cache_kw(model, cache), use_cache=True)
+        return RowCaches(model.config, cache, torch.ones_like(t), [None], [group], [list(ids)], [None])
+
     @property
     def size(self) -> int:
         return len(self.keys)
@@ -387,8 +402,8 @@ class CachedScoring:
     head reads (the last non-pad one), so every row feeds at least that token; an unchanged encoding gets its last
     score without a forward. Positions count only real columns, so every score equals the model's score of the
     whole encoding (float noise aside). A key without a cache starts from its prompt's shared prefix, encoded once
-    for the prompt's new keys of the call (as RewardModelScorer does) from the template's head, which the session
-    encodes once for every prompt (`_seed`); the leading tokens that some of the prompt's new keys share beyond it
+    for the prompt's new keys of the call (as RewardModelScorer does) from the template's head, which the scorer
+    encodes once for every session (`_seed`); the leading tokens that some of the prompt's new keys share beyond it
     are fed once too, the branches of a radix tree (`branch_tree`, `_feed_tree`): at a first decision most
     candidates start alike ("The", "Sure,").
 
@@ -412,7 +427,6 @@ class CachedScoring:
         self.s, self.meter = scorer, meter
         self.parts: list[RowCaches] = []
         self.leaving: set = set()  # keys to drop at the next release (final, or cut to the context)
-        self.head: RowCaches | None = None  # the template's head, one row, encoded at its first use (`_seed`)
         self.warned = False
 
     def cache_bytes(self) -> int:
@@ -556,7 +570,7 @@ class CachedScoring:
         if not fresh:
             return
         seeds, shared_of = {}, {}
-        head = self.s.template_head
+        head = self.s.head_row.ids[0] if self.s.head_row is not None else []
         for g, idx in fresh.items():
             shared = shared_prefix([encoded[i] for i in idx], self.s.head_pad) if len(idx) > 1 else 0
             if shared < self.s.MIN_SHARED:  # too short for a prefill of its own, but the template's head is held
@@ -638,33 +652,23 @@ class CachedScoring:
         return rows
 
     def _seed(self, group: int, prefix: list[int]) -> RowCaches:
-        """One row holding `prefix` (encoded now, and counted), or nothing when it is empty. A prefix that starts with
-        the template's head (`RewardModelScorer.template_head`) starts from the session's one cache of it (encoded
-        at its first use, counted to that prompt)."""
-        head = self.s.template_head
-        if not head or prefix[: len(head)] != head:
-            return self._encoded(group, prefix)
-        if self.head is None:
-            self.head = self._encoded(group, head)
-        row = self.head.take([0])
-        row.groups = [group]
-        if len(prefix) > len(head):
-            row.plan = [Feed(len(head), 0)]
-            self._forward(row, [prefix], [0.0])
-        return row
-
-    def _encoded(self, group: int, prefix: list[int]) -> RowCaches:
-        """One row holding `prefix`, encoded now and counted (nothing when it is empty)."""
+        """One row holding `prefix`, encoded now and counted (nothing when it is empty). A prefix that starts with the
+        template's head starts from the scorer's cache of it (`RewardModelScorer.head_row`): only the rest is fed."""
+        head = self.s.head_row
+        if head is not None and prefix[: head.width] == head.ids[0]:
+            row = head.take([0])
+            row.groups = [group]
+            if len(prefix) > head.width:
+                row.plan = [Feed(head.width, 0)]
+                self._forward(row, [prefix], [0.0])
+            return row
         device, config = self.s.device, self.s.model.config
         if not prefix:
             return RowCaches(config, None, torch.zeros((1, 0), dtype=torch.long, device=device), [None], [group], [[]],
                              [None])
-        cache = DynamicCache(config=config)
-        ids = torch.tensor([prefix], dtype=torch.long, device=device)
-        self.s.model(input_ids=ids, attention_mask=torch.ones_like(ids), **cache_kw(self.s.model, cache),
-                     use_cache=True)
+        row = RowCaches.encoded(self.s.model, prefix, group)
         self.meter.count_forward(self.s.role, torch.tensor([group]), torch.tensor([len(prefix)]))
-        return RowCaches(config, cache, torch.ones_like(ids), [None], [group], [list(prefix)], [None])
+        return row
 
     def _forward(self, p: RowCaches, encoded: list[list[int]], out: list[float]) -> None:
         """Feed each planned row of p its new tokens (after dropping the held tokens past the kept ones) and read
