@@ -9,7 +9,10 @@ KV space free (`workers.pool.pool.Pool`), and prints, per case:
 - **decoding steps** (the actor's batched steps: `stats.decoding_steps` summed) and the mean width;
 - **FLOPs** of the trio: 2 x parameters x tokens, for the target (prefill and decoding) and the reward model
   (everything it was fed), as `winnow report` counts them (`reporting.cost`);
-- **reward tokens per generated token** (generated: every candidate's, rejected ones up to their cut);
+- **reward tokens per generated token** (generated: every candidate's, rejected ones up to their cut), and beyond
+  the prompts: what is left after the least any scorer feeds of them (`reward_prompt_tokens`: each prompt's
+  rendering once, the template's head once), which bounds the ratio from below where prompts are long and
+  responses short;
 - **CPU seconds** of the process (the sides alternate, `--repeats` times, least of each) and wall seconds;
 - **the reward matched**: the N whose Best-of-N reaches SR's mean best reward, on Best-of-k's expected reward for
   every k up to n (`best_of_k`, from the Best-of-n run's candidates: the same samples SR's candidates start as),
@@ -26,7 +29,9 @@ Cases (`--cases`):
 - ``smollm2-rm``: SmolLM2 with a reward model of its own backbone under a seeded head
   (`assets.smollm2.build_seeded_reward`; its scores mean nothing, its cost is a real 135M model's);
 - ``smollm2-rm-long``: the same with each instruction repeated to about 512 tokens: a prompt is scored once for its
-  candidates, and reward tokens per generated token show what that leaves (the tiny trio's context is 256).
+  candidates, and reward tokens per generated token show what that leaves (the tiny trio's context is 256);
+- ``smollm2-rm-long-answers``: the same prompts with 256 new tokens by default (SmolLM2 rambles on them: about
+  half its answers reach the limit), where the responses, not the prompts, are most of what the reward model reads.
 
 Each case runs on the engines of `--engines` (hf, vllm; the reward model on transformers) for each n of `--ns`.
 Figures go to stdout as Markdown tables and, with `--json PATH`, to a file (docs/figures/, from which the docs'
@@ -115,12 +120,30 @@ def cost_at(ns: list[int], values: list[float], n: float) -> float:
     return pts[0][1]
 
 
+def reward_prompt_tokens(reward_path: str, items: list[dict]) -> int:
+    """The least a reward model is fed of the prompts: the template's head once (`template_head`) and the rest of each
+    prompt's rendering once (the leading tokens of its encodings with two different responses)."""
+    from transformers import AutoTokenizer
+
+    from workers.scoring.items import Scored, reward_input, template_head
+
+    tok = AutoTokenizer.from_pretrained(reward_path)
+    head = template_head(tok)
+    total = len(head)
+    for it in items:
+        a, b = (reward_input(tok, Scored(0, it["prompt"], text, [], [])) for text in ("0", "a b"))
+        total += len(os.path.commonprefix([a, b])) - len(head)
+    return total
+
+
 class Case:
     """One model set-up: its models, its prompts, and the parameter counts that turn tokens into FLOPs."""
 
     def __init__(self, name: str, models: dict, items: list[dict], max_new_tokens: int, parameters: dict[str, int]):
         self.name, self.models, self.items, self.max_new_tokens = name, models, items, max_new_tokens
         self.parameters = parameters
+        reward = models["reward"]
+        self.prompt_tokens = reward_prompt_tokens(reward["path"], items) if reward["kind"] == "model" else 0
 
     def config(self, method: dict, engine: str, width: int, out: str, kv_cache_mb: float | None = None):
         from pipeline.preflight import resolved
@@ -148,6 +171,8 @@ class Case:
             "mean_best_reward": sum(r["best_reward"] for r in rows) / len(rows),
             "generated_tokens": generated, "target_tokens": tokens["target"], "reward_tokens": tokens["reward"],
             "reward_per_generated": tokens["reward"] / generated,
+            "reward_prompt_tokens": self.prompt_tokens,
+            "reward_beyond_prompts_per_generated": (tokens["reward"] - self.prompt_tokens) / generated,
             "decoding_steps": steps, "mean_width": seq_steps / steps,
             "target_gflop": flops["target"] / 1e9, "reward_gflop": flops["reward"] / 1e9,
             "gflop": sum(flops.values()) / 1e9,
@@ -214,7 +239,7 @@ def make_cases(names: list[str], prompts: int, tmp: str, new_tokens: int | None 
             cases.append(Case(name, {"target": target, "reward": {"kind": "model", "path": reward}},
                               concept_items(prompts), new_tokens or 48,
                               {"target": count_parameters(target), "reward": count_parameters(reward)}))
-        elif name in ("smollm2", "smollm2-rm", "smollm2-rm-long"):
+        elif name in ("smollm2", "smollm2-rm", "smollm2-rm-long", "smollm2-rm-long-answers"):
             from assets import smollm2
 
             target = smollm2.ensure()
@@ -227,11 +252,12 @@ def make_cases(names: list[str], prompts: int, tmp: str, new_tokens: int | None 
                     smollm2.build_seeded_reward(reward, target)
                 models["reward"] = {"kind": "model", "path": str(reward)}
                 parameters["reward"] = count_parameters(str(reward))
-            if name == "smollm2-rm-long":
+            if name.startswith("smollm2-rm-long"):
                 from transformers import AutoTokenizer
 
                 items = long_items(items, 512, AutoTokenizer.from_pretrained(target))
-            cases.append(Case(name, models, items, new_tokens or 64, parameters))
+            default = 256 if name == "smollm2-rm-long-answers" else 64
+            cases.append(Case(name, models, items, new_tokens or default, parameters))
         else:
             raise SystemExit(f"--cases: unknown case {name!r}")
     return cases
@@ -239,7 +265,8 @@ def make_cases(names: list[str], prompts: int, tmp: str, new_tokens: int | None 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cases", default="tiny", help="comma-separated: tiny, smollm2, smollm2-rm, smollm2-rm-long")
+    ap.add_argument("--cases", default="tiny", help="comma-separated: tiny, smollm2, smollm2-rm, smollm2-rm-long, "
+                    "smollm2-rm-long-answers")
     ap.add_argument("--engines", default="hf", help="comma-separated: hf, vllm")
     ap.add_argument("--ns", default="32,128", help="Speculative Rejection's n (Best-of-N runs at n/4, n/2, n)")
     ap.add_argument("--prompts", type=int, default=64, help="prompts, all in one actor call")

@@ -90,22 +90,23 @@ def bill(case: str) -> Callable[[], str]:
                          fmt(sr["mean_best_reward"], 4), f"BoN-{same['matched_n']:.0f}",
                          f"**{same['decoding_steps']:.2f}x**", f"{at_n['decoding_steps']:.2f}x",
                          f"{same['gflop']:.2f}x", f"{at_n['gflop']:.2f}x", fmt(sr["reward_per_generated"], 2),
-                         f"{same['cpu_s']:.2f}x", fmt(sr["mean_width"], 0)])
+                         fmt(sr["reward_beyond_prompts_per_generated"], 2), f"{same['cpu_s']:.2f}x",
+                         fmt(sr["mean_width"], 0)])
         return md(["engine", "n", "prompts x new tokens", "width", "SR reward", "matches", "steps vs same reward",
                    "steps vs BoN-n", "FLOPs vs same reward", "FLOPs vs BoN-n", "reward tok / gen tok",
-                   "CPU s vs same reward", "SR mean width"], rows)
+                   "beyond the prompts", "CPU s vs same reward", "SR mean width"], rows)
 
     return render
 
 
-def reward_tokens(case: str) -> Callable[[], str]:
-    """One case of bench.bill, its reward-model tokens only: each side's generated tokens, the tokens its reward
+def reward_tokens(*cases: str) -> Callable[[], str]:
+    """Cases of bench.bill, their reward-model tokens only: each side's generated tokens, the tokens its reward
     model was fed, and the two over each other (for a case whose sides are too few prompts to fill the width, so its
     steps say nothing, or whose reward's scores mean nothing)."""
 
     def render() -> str:
         rows = []
-        for engine, _, got in bill_cases(case):
+        for engine, _, got in (run for case in cases for run in bill_cases(case)):
             setup = got["setup"]
             sides = sorted((k for k in got if k.startswith(("BoN-", "SR-"))),
                            key=lambda k: (k[:2], int(k.split("-")[1])))
@@ -113,9 +114,10 @@ def reward_tokens(case: str) -> Callable[[], str]:
                 fig = got[side]
                 fed = fig["reward_per_generated"] * fig["generated_tokens"]
                 rows.append([engine, f"{setup['prompts']} x {setup['new_tokens']}", side,
-                             f"{fig['generated_tokens']:,}", f"{fed:,.0f}", fmt(fig["reward_per_generated"], 2)])
+                             f"{fig['generated_tokens']:,}", f"{fed:,.0f}", f"{fig['reward_prompt_tokens']:,}",
+                             fmt(fig["reward_per_generated"], 2), fmt(fig["reward_beyond_prompts_per_generated"], 2)])
         return md(["engine", "prompts x new tokens", "side", "generated tokens", "reward-model tokens",
-                   "reward tok / gen tok"], rows)
+                   "of which the prompts, at least", "reward tok / gen tok", "beyond the prompts"], rows)
 
     return render
 
@@ -124,7 +126,8 @@ RENDER: dict[str, Callable[[], str]] = {
     "quickstart-summary": quickstart_summary,
     "quickstart-bill": quickstart_bill,
     **{f"bill-{case}": bill(case) for case in ("tiny", "smollm2")},
-    "bill-smollm2-rm-long": reward_tokens("smollm2-rm-long"),
+    "bill-smollm2-rm": reward_tokens("smollm2-rm"),
+    "bill-smollm2-rm-long": reward_tokens("smollm2-rm-long", "smollm2-rm-long-answers"),
 }
 
 
