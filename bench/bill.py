@@ -6,7 +6,9 @@ seconds**; either way the reward model counts. So each side here runs as a job's
 case in one actor call (`Runner.run`), at one width (`models.max_num_seqs`), prompts starting as the width and the
 KV space free (`workers.pool.pool.Pool`), and prints, per case:
 
-- **decoding steps** (the actor's batched steps: `stats.decoding_steps` summed) and the mean width;
+- **decoding steps** (the actor's batched steps: `stats.decoding_steps` summed) and the mean width; and the
+  **reward model's forwards** (counted device-wide by a hook): where a forward costs about the same at any width (a
+  GPU at these sizes, `--gpus 1`), the reward model bills its forwards as the target bills its steps;
 - **FLOPs** of the trio: 2 x parameters x tokens, for the target (prefill and decoding) and the reward model
   (everything it was fed), as `winnow report` counts them (`reporting.cost`);
 - **reward tokens per generated token** (generated: every candidate's, rejected ones up to their cut), and beyond
@@ -34,7 +36,9 @@ Cases (`--cases`):
   half its answers reach the limit), where the responses, not the prompts, are most of what the reward model reads.
 
 Each case runs on the engines of `--engines` (hf, vllm; the reward model on transformers) for each n of `--ns`.
-Figures go to stdout as Markdown tables and, with `--json PATH`, to a file (docs/figures/, from which the docs'
+`--gpus 1` runs the hf engine on a GPU (wall seconds are then the device's); `--reward-levels K` sets the reward
+session's radix-tree levels (a forward each, `CachedScoring.MAX_LEVELS`) to weigh reward forwards against reward
+tokens. Figures go to stdout as Markdown tables and, with `--json PATH`, to a file (docs/figures/, from which the docs'
 tables are rendered). The load average before and after is printed: this machine is shared.
 """
 
@@ -145,17 +149,19 @@ class Case:
         reward = models["reward"]
         self.prompt_tokens = reward_prompt_tokens(reward["path"], items) if reward["kind"] == "model" else 0
 
-    def config(self, method: dict, engine: str, width: int, out: str, kv_cache_mb: float | None = None):
+    def config(self, method: dict, engine: str, width: int, out: str, kv_cache_mb: float | None = None,
+               gpus: float = 0, dtype: str = "auto"):
         from pipeline.preflight import resolved
         from schemas.config import validate_config
 
         return resolved(validate_config({
             "name": f"bill-{self.name}", "seed": 0, "data": {"source": "builtin:demo-prompts"},
-            "models": {**self.models, "engine": engine, "max_num_seqs": width, "kv_cache_mb": kv_cache_mb},
+            "models": {**self.models, "engine": engine, "max_num_seqs": width, "kv_cache_mb": kv_cache_mb,
+                       "dtype": dtype},
             "method": method,
             "generation": {"max_new_tokens": self.max_new_tokens, "temperature": 1.0},
             "output": {"path": out},
-            "resources": {"prompts_per_batch": len(self.items)},
+            "resources": {"prompts_per_batch": len(self.items), "gpus_per_worker": gpus},
         }))
 
     def figures(self, rows: list[dict]) -> dict:
@@ -186,7 +192,7 @@ def run_side(runner, items: list[dict]) -> tuple[list[dict], float, float]:
 
 
 def bench_case(case: Case, engine: str, n: int, width: int, repeats: int, tmp: str,
-               kv_cache_mb: float | None = None) -> dict:
+               kv_cache_mb: float | None = None, gpus: float = 0, dtype: str = "auto") -> dict:
     """Best-of-N at n / 4, n / 2 and n and Speculative Rejection's minimal config at n, on one engine and width."""
     from workers.actor.runner import Runner
 
@@ -195,32 +201,42 @@ def bench_case(case: Case, engine: str, n: int, width: int, repeats: int, tmp: s
     first = None
     runners = {}
     for name, method in sides.items():
-        config = case.config(method, engine, width, str(Path(tmp) / "run"), kv_cache_mb)
+        config = case.config(method, engine, width, str(Path(tmp) / "run"), kv_cache_mb, gpus, dtype)
         runners[name] = Runner(config, share=first) if first is not None else Runner(config)
         first = first or runners[name]
     out: dict[str, dict] = {}
     rows_of: dict[str, list[dict]] = {}
+    calls = [0]  # the reward model's forwards, device-wide: on a device where a forward costs about the same at any
+    model = getattr(first.reward, "model", None)  # width, they are billed like decoding steps
+    if model is not None:
+        model.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
     for _ in range(repeats):  # the sides alternate, so that the machine's load falls on all of them
         for name, runner in runners.items():
+            calls[0] = 0
             rows, cpu, wall = run_side(runner, case.items)
             rows_of[name] = rows
             fig = case.figures(rows)
+            fig["reward_forwards"] = calls[0]
             if name in out:
                 fig.update(cpu_s=min(cpu, out[name]["cpu_s"]), wall_s=min(wall, out[name]["wall_s"]))
             else:
                 fig.update(cpu_s=cpu, wall_s=wall)
             out[name] = fig
             print(f"  {case.name} {engine} n={n} {name}: reward {fig['mean_best_reward']:.4f}, "
-                  f"{fig['decoding_steps']:.0f} steps at width {fig['mean_width']:.1f}, {fig['gflop']:.2f} GFLOP, "
-                  f"{fig['cpu_s']:.1f} CPU s", flush=True)
+                  f"{fig['decoding_steps']:.0f} steps at width {fig['mean_width']:.1f}, "
+                  f"{fig['reward_forwards']} reward forwards, {fig['gflop']:.2f} GFLOP, {fig['cpu_s']:.1f} CPU s",
+                  flush=True)
     bons = [k for k in out if k.startswith("BoN-")]
     ns = [int(k.split("-")[1]) for k in bons]
     sr, bon_n = out[f"SR-{n}"], out[f"BoN-{n}"]
     curve = [best_of_k(rows_of[f"BoN-{n}"], k) for k in range(1, n + 1)]
     matched = matched_n(curve, sr["mean_best_reward"])
-    at = {k: cost_at(ns, [out[b][k] for b in bons], matched) for k in ("decoding_steps", "gflop", "cpu_s")}
-    out["SR / BoN-n"] = {k: sr[k] / bon_n[k] for k in ("decoding_steps", "gflop", "target_gflop", "cpu_s", "wall_s",
-                                                       "generated_tokens", "reward_tokens") if bon_n[k]}
+    at = {k: cost_at(ns, [out[b][k] for b in bons], matched) for k in ("decoding_steps", "reward_forwards", "gflop",
+                                                                        "cpu_s", "wall_s")}
+    at = {k: v for k, v in at.items() if v}
+    out["SR / BoN-n"] = {k: sr[k] / bon_n[k] for k in ("decoding_steps", "reward_forwards", "gflop", "target_gflop",
+                                                       "cpu_s", "wall_s", "generated_tokens", "reward_tokens")
+                         if bon_n[k]}
     out["SR / BoN-n"]["mean_best_reward"] = sr["mean_best_reward"] - bon_n["mean_best_reward"]
     out["SR / BoN at the same reward"] = {"matched_n": matched, **{k: sr[k] / v for k, v in at.items()}}
     out["Best-of-k"] = {"k": list(range(1, n + 1)), "mean_best_reward": curve}
@@ -275,9 +291,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1, help="torch threads (hf engine)")
     ap.add_argument("--new-tokens", type=int, default=None, help="generation.max_new_tokens (default: the case's)")
     ap.add_argument("--kv-cache-mb", type=float, default=None, help="models.kv_cache_mb (default: the engine's)")
+    ap.add_argument("--gpus", type=float, default=0, help="resources.gpus_per_worker (1: the hf engine on a GPU, "
+                    "where wall seconds are the device's)")
+    ap.add_argument("--dtype", default="auto", help="models.dtype")
+    ap.add_argument("--reward-levels", type=int, default=None,
+                    help="levels of the fresh candidates' radix tree in the reward session (workers.scoring."
+                         "reward_model.CachedScoring.MAX_LEVELS; a forward each): fewer forwards, more reward tokens")
     ap.add_argument("--json", help="also write every figure to this file (its cases are added to those it holds)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.reward_levels is not None:
+        from workers.scoring.reward_model import CachedScoring
+
+        CachedScoring.MAX_LEVELS = args.reward_levels
+    device = torch.cuda.get_device_name() if args.gpus and torch.cuda.is_available() else "cpu"
     load = os.getloadavg()
     out: dict = {"prompts": args.prompts, "width": args.width, "threads": args.threads, "load_before": load,
                  "cases": {}}
@@ -286,14 +313,17 @@ def main(argv: list[str] | None = None) -> int:
             for engine in args.engines.split(","):
                 for n in (int(x) for x in args.ns.split(",")):
                     width = max(args.width, n)
-                    got = bench_case(case, engine, n, width, args.repeats, tmp, args.kv_cache_mb)
+                    got = bench_case(case, engine, n, width, args.repeats, tmp, args.kv_cache_mb, args.gpus,
+                                     args.dtype)
                     shown = {k: v for k, v in got.items() if k != "Best-of-k"}
                     print(table(f"{case.name}, engine {engine}, n = {n}, width {width}, {len(case.items)} prompts",
-                                shown, ["mean_best_reward", "decoding_steps", "mean_width", "gflop", "reward_gflop",
+                                shown, ["mean_best_reward", "decoding_steps", "mean_width", "reward_forwards",
+                                        "gflop", "reward_gflop",
                                       "reward_per_generated", "generated_tokens", "cpu_s", "wall_s", "matched_n"],
                                 first="side"), flush=True)
                     got["setup"] = {"prompts": len(case.items), "width": width, "new_tokens": case.max_new_tokens,
-                                    "repeats": args.repeats, "load": os.getloadavg()}
+                                    "repeats": args.repeats, "load": os.getloadavg(), "gpus": args.gpus,
+                                    "dtype": args.dtype, "device": device, "reward_levels": args.reward_levels}
                     out["cases"][f"{case.name} {engine} n={n}"] = got
     out["load_after"] = os.getloadavg()
     print(f"\nload average {out['load_before'][0]:.1f} -> {out['load_after'][0]:.1f}")

@@ -122,7 +122,60 @@ def reward_tokens(*cases: str) -> Callable[[], str]:
     return render
 
 
+def bill_gpu() -> str:
+    """bench.bill on a GPU (`--gpus 1`): SR against Best-of-N in decoding steps, in steps and reward forwards (what
+    a launch-bound device bills) and in wall seconds, the device's."""
+    rows = []
+    for key, got in load("bill-gpu")["cases"].items():
+        case, engine, n = key.split(" ")
+        same, at_n, setup = got["SR / BoN at the same reward"], got["SR / BoN-n"], got["setup"]
+        sr, bon = got[f"SR-{n[2:]}"], got[f"BoN-{n[2:]}"]
+        forwards = [f["decoding_steps"] + f["reward_forwards"] for f in (sr, bon)]
+        per_step = [1000 * f["wall_s"] / f["decoding_steps"] for f in (sr, bon)]
+        rows.append([f"{case}, {engine}", n[2:], f"{setup['prompts']} x {setup['new_tokens']}", str(setup["width"]),
+                     f"BoN-{same['matched_n']:.0f}", f"**{same['decoding_steps']:.2f}x**",
+                     f"{at_n['decoding_steps']:.2f}x", f"**{forwards[0] / forwards[1]:.2f}x**",
+                     f"{same['wall_s']:.2f}x", f"{at_n['wall_s']:.2f}x", f"{per_step[0]:.0f} / {per_step[1]:.0f}",
+                     fmt(sr["reward_per_generated"], 2)])
+    return md(["case", "n", "prompts x new tokens", "width", "SR matches", "steps vs same reward", "steps vs BoN-n",
+               "steps + reward forwards vs BoN-n", "wall vs same reward", "wall vs BoN-n", "ms a step, SR / BoN-n",
+               "reward tok / gen tok"], rows)
+
+
+def gpu_forwards() -> str:
+    """bench.bill on a GPU at n = 32 with the reward session's tree at its default depth and cut to 1 and 0 levels:
+    each side's target steps and reward forwards, what a launch-bound device bills, against reward tokens."""
+    rows = []
+    for name, levels in (("bill-gpu", "4 (default)"), ("bill-gpu-levels1", "1"), ("bill-gpu-levels0", "0")):
+        got = load(name)["cases"]["tiny hf n=32"]
+        sr, bon = got["SR-32"], got["BoN-32"]
+        both = [f["decoding_steps"] + f["reward_forwards"] for f in (sr, bon)]
+        rows.append([levels, f"{bon['decoding_steps']:.0f} + {bon['reward_forwards']}",
+                     f"{sr['decoding_steps']:.0f} + {sr['reward_forwards']}", f"**{both[0] / both[1]:.2f}x**",
+                     f"{bon['reward_per_generated']:.2f} / {sr['reward_per_generated']:.2f}",
+                     f"{sr['wall_s']:.2f} / {bon['wall_s']:.2f}"])
+    return md(["tree levels", "BoN-32: steps + reward forwards", "SR-32: steps + reward forwards",
+               "SR / BoN, steps + reward forwards", "reward tok / gen tok, BoN / SR", "wall s, SR / BoN"], rows)
+
+
+def gpu() -> str:
+    """bench.gpu: the hf engine against generate() at one prompt per call, and SR against Best-of-N there."""
+    f = load("gpu")
+    rows = [[str(r["n"]), fmt(r["engine"]["tok_per_s"], 0), fmt(r["generate"]["tok_per_s"], 0),
+             f"**{r['speedup']:.2f}**", fmt(r["engine"]["peak_mib"], 0), fmt(r["generate"]["peak_mib"], 0),
+             f"{r['sr']['tokens']:,} / {r['bon']['tokens']:,}", f"{r['sr']['wall_s']:.2f} / {r['bon']['wall_s']:.2f}"]
+            for r in (dict(v, **{k: w for k, w in s.items() if k in ("sr", "bon")})
+                      for v, s in zip(f["versus_generate"], f["rejection"]))]
+    return (f"{f['device']}, {f['dtype']}, {f['parameters']:,} parameters, torch {f['torch']}, transformers "
+            f"{f['transformers']}; one prompt of {f['prompt_tokens']} tokens, {f['new_tokens']} new tokens\n\n"
+            + md(["N", "engine tok/s", "generate() tok/s", "engine / generate", "engine peak MiB",
+                  "generate peak MiB", "SR / BoN tokens", "SR / BoN wall s"], rows))
+
+
 RENDER: dict[str, Callable[[], str]] = {
+    "bill-gpu": bill_gpu,
+    "gpu": gpu,
+    "gpu-forwards": gpu_forwards,
     "quickstart-summary": quickstart_summary,
     "quickstart-bill": quickstart_bill,
     **{f"bill-{case}": bill(case) for case in ("tiny", "smollm2")},

@@ -187,6 +187,17 @@ def test_a_failure_in_the_decoding_loop_fails_every_call_in_flight_and_the_next_
     assert comparable(runner.run(items[:2])) == comparable(want)  # a fresh pool for the next call
 
 
+def test_a_forward_charges_only_the_sequences_it_counts():
+    """A batch's ended rows are still fed until it compacts and charge nobody: `counted` marks the rows charged,
+    tokens and forward calls alike (a prompt whose rows are all uncounted was in no forward)."""
+    m = Meter(3)
+    m.count_forward("target", torch.tensor([0, 0, 1, 2]), torch.tensor([1, 1, 1, 1]),
+                    torch.tensor([True, False, False, True]))
+    assert m.tokens["target"].tolist() == [1, 0, 1] and m.forwards["target"].tolist() == [1, 0, 1]
+    m.count_forward("target", torch.tensor([0, 1]), torch.tensor([2, 3]))  # every row counted
+    assert m.tokens["target"].tolist() == [3, 3, 1] and m.forwards["target"].tolist() == [2, 1, 1]
+
+
 def test_a_meter_over_a_window_of_prompts_charges_each_stretch_once(monkeypatch):
     """The feed's meter: prompts numbered on (grow), the oldest forgotten (retire; their dead rows, still fed until
     the batch compacts, charge nobody), and each stretch of time shared by the tokens caused in it (tick)."""

@@ -175,6 +175,31 @@ def test_the_templates_head_is_encoded_once_by_the_scorer():
     assert int(meter.tokens["reward"].sum()) == want
 
 
+def test_the_prompts_of_a_call_are_seeded_in_one_forward(monkeypatch):
+    """Fresh candidates of three prompts, one of which does not start with the template's head (a system turn): the
+    three prompts' shared prefixes are fed in one forward (on a device where a forward costs about the same at any
+    width, the forwards are what it bills), each prompt charged its own tokens, and the scores are whole scoring's."""
+    scorer = scorer_with(PROMPT_FIRST)
+    ref = whole_scorer(scorer)
+    system = [{"role": "system", "content": "be brief"}, {"role": "user", "content": PROMPTS[2]}]
+    prompts = [[{"role": "user", "content": PROMPTS[0]}], [{"role": "user", "content": PROMPTS[1]}], system]
+    items = [Scored(g, prompts[g], text, [1], [2]) for g in range(3) for text in ("the dog", "a cat .")]
+    sizes: list[int] = []
+    forward = CachedScoring._forward
+    monkeypatch.setattr(CachedScoring, "_forward", lambda self, p, enc, out: (sizes.append(p.size),
+                                                                             forward(self, p, enc, out))[1])
+    meter = Meter(3)
+    assert close(scorer.session(meter).score(list(range(6)), items), ref(items, Meter(3)))
+    assert sizes[0] == 3 and 3 not in sizes[1:]  # the seeds: one row per prompt, one forward
+    encoded = [scorer.encode(it) for it in items]
+    head = len(scorer.template_head)
+    for g in range(3):
+        pair = encoded[2 * g: 2 * g + 2]
+        shared = len(os.path.commonprefix(pair))
+        want = shared - (head if g < 2 else 0) + sum(len(e) - shared for e in pair)
+        assert int(meter.tokens["reward"][g]) == want
+
+
 def test_a_bidirectional_reward_model_scores_whole():
     from transformers import BertConfig, BertForSequenceClassification
 

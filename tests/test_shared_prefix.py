@@ -167,5 +167,8 @@ def test_a_batch_that_prompts_join_holds_the_columns_and_prefixes_of_the_prompts
     assert max(columns for columns, _, _ in seen) <= widest + 40
     assert all(prefixes <= running + 2 for _, prefixes, running in seen)  # ended prompts leave at the next join
     monkeypatch.setattr("workers.decoding.target.share", lambda *a: None)
-    for a, b in zip(shared, run()):
-        assert [c.tokens for c in a.candidates] == [c.tokens for c in b.candidates]
+    # the two layouts sum attention in different orders, so a draw that falls within rounding of a boundary of the
+    # inverse CDF may take the next token (1 of these 48 candidates with 2 threads on an AVX-512 CPU, none with 1); a
+    # prefix read from the wrong columns would change nearly every candidate
+    pairs = [(x.tokens, y.tokens) for a, b in zip(shared, run()) for x, y in zip(a.candidates, b.candidates)]
+    assert len(pairs) == 48 and sum(x != y for x, y in pairs) <= len(pairs) // 16

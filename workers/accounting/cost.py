@@ -51,9 +51,18 @@ class Meter:
             return g, values
         return g[keep], (values.cpu()[keep] if values is not None else None)
 
-    def count_forward(self, role: str, group: torch.Tensor, new_tokens: torch.Tensor) -> None:
-        """One forward over sequences of prompts `group` [B] that processed `new_tokens` [B] real tokens each."""
-        g, new_tokens = self._index(group, new_tokens)
+    def count_forward(self, role: str, group: torch.Tensor, new_tokens: torch.Tensor,
+                      counted: torch.Tensor | None = None) -> None:
+        """One forward over sequences of prompts `group` [B] that processed `new_tokens` [B] real tokens each, of
+        which only the sequences `counted` [B] bool marks are charged (default all). The three come from the device
+        in one transfer: a forward's count costs the host one wait for the device, not one per tensor."""
+        cols = [group, new_tokens] if counted is None else [group, new_tokens, counted]
+        moved = torch.stack([c.to(torch.long) for c in cols]).cpu()
+        g, new_tokens = moved[0], moved[1]
+        if counted is not None:
+            keep = moved[2].bool()
+            g, new_tokens = g[keep], new_tokens[keep]
+        g, new_tokens = self._index(g, new_tokens)
         self.tokens[role] += torch.bincount(g, weights=new_tokens.cpu().double(), minlength=self.num_prompts).long()
         self.forwards[role] += (torch.bincount(g, minlength=self.num_prompts) > 0).long()
 

@@ -58,11 +58,7 @@ def forward(
         out = shared_forward(model, cache, **inputs)
     else:
         out = model(**cache_kw(model, cache), **inputs)
-    new = mask[:, -t:].sum(-1)
-    if counted is None:
-        meter.count_forward(role, group, new)
-    else:
-        meter.count_forward(role, group[counted], new[counted])
+    meter.count_forward(role, group, mask[:, -t:].sum(-1), counted)
     return out.logits.float()
 
 
@@ -97,12 +93,14 @@ class Batch:
                 setattr(self, f.name, getattr(self, f.name)[idx])
         self.trim_left()
 
-    def compact(self, min_dead: int = 1) -> None:
+    def compact(self, min_dead: int = 1, alive: torch.Tensor | None = None) -> None:
         """Select the alive sequences once at least `min_dead` are dead (a select copies the whole cache, so dead
-        sequences are dropped in bulk rather than one at a time)."""
-        dead = int((~self.alive).sum())
+        sequences are dropped in bulk rather than one at a time). `alive`: a host copy of `self.alive` where the
+        caller holds one, so that the count needs no wait for the device."""
+        alive = self.alive if alive is None else alive
+        dead = int((~alive).sum())
         if dead and dead >= min_dead:
-            self.select(self.alive.nonzero().flatten())
+            self.select(alive.nonzero().flatten().to(self.alive.device))
 
     def trim_left(self) -> None:
         """Drop leading columns that are holes in every sequence (left padding no survivor needs); with a shared

@@ -310,6 +310,9 @@ def _gathered_logprobs(probs: torch.Tensor, logits: torch.Tensor, tok: torch.Ten
     log-sum-exp of its logits instead."""
     lp = probs.gather(-1, tok[:, None])[:, 0].log()
     low = ~torch.isfinite(lp)
+    if lp.device.type != "cpu":  # no wait for the device to ask whether any row underflowed: every row's fallback
+        x = logits.float()      # is cheap beside a step's launches, and only the rows that underflowed take it
+        return torch.where(low, x.gather(-1, tok[:, None])[:, 0] - torch.logsumexp(x, -1), lp)
     if bool(low.any()):
         rows = low.nonzero()[:, 0]
         x = logits[rows].float()

@@ -196,7 +196,7 @@ class Side:
             **cache_kw(self.model, self.cache), use_cache=True, logits_to_keep=keep,
         )
         charged = real.any(-1)  # [B] sequences with a real column
-        meter.count_forward(self.role, group[charged], real[charged].sum(-1))
+        meter.count_forward(self.role, group, real.sum(-1), charged)
         if tally is not None:
             tally.add(self.role + "_calls", group, charged)
         return out.logits.float()

@@ -236,7 +236,9 @@ class HfDecoder:
         self.prompts: dict[int, PromptInput] = {}  # by group, while its sequences may run
 
     def _running(self) -> bool:
-        return self.batch is not None and bool(self.batch.alive.any())
+        """Whether the batch holds sequences: `finished` compacts a batch whose every row ended, and `drop` compacts
+        at once, so a batch that holds rows has one alive (asked without waiting for the device)."""
+        return self.batch is not None and self.batch.size > 0
 
     def need(self, prompt: PromptInput, rows: int, kv_tokens: int | None = None) -> int:
         if self._need is not None:
@@ -336,10 +338,11 @@ class HfDecoder:
             return []
         out = []
         done = self.sampler.finished(b)
-        if bool(done.any()):
+        flags = torch.stack([done, b.alive]).cpu()  # the host's one wait for the device in a turn of the pool
+        if bool(flags[0].any()):
             out = self._seqs(b, done.nonzero().flatten())
             b.alive &= ~done
-        b.compact(min_dead=max(1, b.size // COMPACT_FRACTION))
+        b.compact(min_dead=max(1, b.size // COMPACT_FRACTION), alive=flags[1] & ~flags[0])
         return out
 
     def running(self) -> list[Seq]:

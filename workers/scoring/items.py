@@ -35,12 +35,16 @@ def render(tokenizer, messages: list[dict], add_generation_prompt: bool) -> str:
     return "\n".join(m["content"] for m in messages)
 
 
-def reward_input(tokenizer, item: Scored, response: str | None = None) -> list[int]:
-    """The item in the reward model's template as token ids, whole (it may be longer than the context); the
-    assistant turn is `response` where given (a process reward's tagged steps), else the item's text."""
+def reward_text(tokenizer, item: Scored, response: str | None = None) -> str:
+    """The item rendered in the reward model's template; the assistant turn is `response` where given (a process
+    reward's tagged steps), else the item's text."""
     content = item.text if response is None else response
-    text = render(tokenizer, item.prompt + [{"role": "assistant", "content": content}], False)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
+    return render(tokenizer, item.prompt + [{"role": "assistant", "content": content}], False)
+
+
+def reward_input(tokenizer, item: Scored, response: str | None = None) -> list[int]:
+    """The item in the reward model's template as token ids, whole (it may be longer than the context)."""
+    return tokenizer(reward_text(tokenizer, item, response), add_special_tokens=False)["input_ids"]
 
 
 def template_head(tokenizer) -> list[int]:
@@ -57,7 +61,10 @@ def reward_inputs(tokenizer, max_len: int | None, items: list[Scored], meter,
     """Every item's reward input (`reward_input`, with `responses[i]` as its assistant turn where given), those
     longer than `max_len` cut to their last max_len tokens (the response's end) and counted per prompt in `meter`
     (stats.reward_inputs_truncated); also the indices of the cut ones."""
-    encoded = [reward_input(tokenizer, it, None if responses is None else responses[i]) for i, it in enumerate(items)]
+    texts = [reward_text(tokenizer, it, None if responses is None else responses[i]) for i, it in enumerate(items)]
+    # one call of the tokenizer for them all (a fast tokenizer encodes a list in one batch): a scoring call's items
+    # are many, and a call each cost a fifth more host time (2,048 tiny-trio items: 0.18 against 0.15 CPU s)
+    encoded = [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]] if texts else []
     over = {i for i, ids in enumerate(encoded) if max_len is not None and len(ids) > max_len}
     if over:
         for i in over:

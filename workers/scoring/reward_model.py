@@ -403,9 +403,9 @@ class CachedScoring:
     score without a forward. Positions count only real columns, so every score equals the model's score of the
     whole encoding (float noise aside). A key without a cache starts from its prompt's shared prefix, encoded once
     for the prompt's new keys of the call (as RewardModelScorer does) from the template's head, which the scorer
-    encodes once for every session (`_seed`); the leading tokens that some of the prompt's new keys share beyond it
-    are fed once too, the branches of a radix tree (`branch_tree`, `_feed_tree`): at a first decision most
-    candidates start alike ("The", "Sure,").
+    encodes once for every session, every prompt's prefix of the call in one forward (`_seeds`); the leading
+    tokens that some of the prompt's new keys share beyond it are fed once too, the branches of a radix tree
+    (`branch_tree`, `_feed_tree`): at a first decision most candidates start alike ("The", "Sure,").
 
     New tokens are right-aligned in each forward, so every row's last column is its last token (what the head
     reads); the shorter rows' holes sit before their new tokens. Rows that one forward serves share one cache
@@ -569,7 +569,7 @@ class CachedScoring:
         in a row of its own, forked from its deepest branch."""
         if not fresh:
             return
-        seeds, shared_of = {}, {}
+        shared_of = {}
         head = self.s.head_row.ids[0] if self.s.head_row is not None else []
         for g, idx in fresh.items():
             shared = shared_prefix([encoded[i] for i in idx], self.s.head_pad) if len(idx) > 1 else 0
@@ -578,7 +578,7 @@ class CachedScoring:
                                                    last_real(encoded[i], self.s.head_pad) >= len(head)
                                                    for i in idx) else 0
             shared_of[g] = shared
-            seeds[g] = self._seed(g, encoded[idx[0]][:shared])
+        seeds = self._seeds({g: encoded[idx[0]][: shared_of[g]] for g, idx in fresh.items()}, free)
         items = [i for idx in fresh.values() for i in idx]
         lengths = [len(encoded[i]) - shared_of[groups[i]] for i in items]
         budget = self.s.tokens_budget(free, max(lengths), max(shared_of.values()))
@@ -617,8 +617,8 @@ class CachedScoring:
                 room -= len(batch) * (most_shared + levels * most_own) * kv
         return out
 
-    def _feed_tree(self, by_group: dict[int, list[int]], seeds: dict[int, RowCaches], shared_of: dict[int, int],
-                   keys: list, encoded: list[list[int]], out: list[float]) -> RowCaches:
+    def _feed_tree(self, by_group: dict[int, list[int]], seeds: dict[int, tuple[RowCaches, int]],
+                   shared_of: dict[int, int], keys: list, encoded: list[list[int]], out: list[float]) -> RowCaches:
         """One batch of fresh items (prompt -> its items): the branches of each prompt's tree fed level by level
         from its seed, then every item's own tokens; returns the items' rows."""
         branches: list[Branch] = []
@@ -631,7 +631,7 @@ class CachedScoring:
         held: dict[int, tuple[RowCaches, int]] = {}  # branch -> the rows holding it and its row there
 
         def parent_row(j: int, group: int) -> tuple[RowCaches, int]:
-            return held[j] if j >= 0 else (seeds[group], 0)
+            return held[j] if j >= 0 else seeds[group]
 
         spelled = [encoded[b.item][: b.end] for b in branches]  # a branch's tokens, the prompt's prefix first
         unused = [0.0] * len(branches)  # a branch's own score (at its last token) is no item's
@@ -651,24 +651,30 @@ class CachedScoring:
         self._forward(rows, encoded, out)
         return rows
 
-    def _seed(self, group: int, prefix: list[int]) -> RowCaches:
-        """One row holding `prefix`, encoded now and counted (nothing when it is empty). A prefix that starts with the
-        template's head starts from the scorer's cache of it (`RewardModelScorer.head_row`): only the rest is fed."""
+    def _seeds(self, prefixes: dict[int, list[int]], free: int | None) -> dict[int, tuple[RowCaches, int]]:
+        """Each prompt's row holding its `prefixes[prompt]` (nothing where it is empty), fed and counted now: every
+        prompt's in one forward within the memory budget, not one forward each (on a device where a forward costs
+        about the same at any width, the forwards are what it bills). A prefix that starts with the template's head
+        starts from the scorer's cache of it (`RewardModelScorer.head_row`): only the rest is fed. Returns, per
+        prompt, the rows and its row there."""
         head = self.s.head_row
-        if head is not None and prefix[: head.width] == head.ids[0]:
-            row = head.take([0])
-            row.groups = [group]
-            if len(prefix) > head.width:
-                row.plan = [Feed(head.width, 0)]
-                self._forward(row, [prefix], [0.0])
-            return row
-        device, config = self.s.device, self.s.model.config
-        if not prefix:
-            return RowCaches(config, None, torch.zeros((1, 0), dtype=torch.long, device=device), [None], [group], [[]],
-                             [None])
-        row = RowCaches.encoded(self.s.model, prefix, group)
-        self.meter.count_forward(self.s.role, torch.tensor([group]), torch.tensor([len(prefix)]))
-        return row
+        empty = RowCaches(self.s.model.config, None, torch.zeros((1, 0), dtype=torch.long, device=self.s.device),
+                          [None], [0], [[]], [None])
+        groups = list(prefixes)
+        start = {g: head.width if head is not None and prefixes[g][: head.width] == head.ids[0] else 0 for g in groups}
+        lengths = [len(prefixes[g]) - start[g] for g in groups]
+        out: dict[int, tuple[RowCaches, int]] = {}
+        for batch in token_budget_batches(lengths, self.s.tokens_budget(free, max(lengths, default=1), max(
+                (start[g] for g in groups), default=0))):
+            members = [groups[b] for b in batch]
+            rows, order = fork([(head if start[g] else empty, 0) for g in members])
+            members = [members[k] for k in order]
+            rows.groups = members
+            rows.plan = [Feed(start[g], k) if len(prefixes[g]) > start[g] else None for k, g in enumerate(members)]
+            if any(f is not None for f in rows.plan):
+                self._forward(rows, [prefixes[g] for g in members], [0.0] * len(members))
+            out.update({g: (rows, r) for r, g in enumerate(members)})
+        return out
 
     def _forward(self, p: RowCaches, encoded: list[list[int]], out: list[float]) -> None:
         """Feed each planned row of p its new tokens (after dropping the held tokens past the kept ones) and read
