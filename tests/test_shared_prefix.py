@@ -126,6 +126,19 @@ def test_sharing_is_kept_for_caches_worth_it():
     assert sp.worth_sharing(512, 64, kv) and sp.worth_sharing(32, 64, kv)  # 256 MiB and 16 MiB of copies
     assert not sp.worth_sharing(22, 16, 1024)  # 352 KiB: the repeated copies cost less than the extra products
     assert not sp.worth_sharing(4096, 1, kv)  # one candidate has nothing to share
+    assert sp.worth_sharing(128, 16, kv, torch.device("cpu"))  # 16 MiB: on a CPU, the memory decides
+
+
+def test_a_gpu_shares_only_copies_that_take_a_part_of_its_memory(monkeypatch):
+    """A GPU at these sizes is paced by the kernels it launches: it repeats a prompt's cache unless the copies would
+    take 1/256 of its memory (bench.gpu on an H200: the shared-prefix attention's products slowed its step)."""
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(total_memory=140 * 2**30))
+    kv, gpu = 30 * 2 * 3 * 64 * 2, torch.device("cuda")  # SmolLM2 in bfloat16: 22.5 KiB a token
+    assert not sp.worth_sharing(128, 64, kv, gpu)  # 180 MiB of a 140 GiB device
+    assert sp.worth_sharing(2048, 64, kv, gpu)  # 2.8 GiB: over 560 MiB
+    assert sp.worth_sharing(128, 64, kv, torch.device("cpu"))
     runner = trio()
     engine = TargetSampler(runner.engine.target, runner.pad_id, runner.eos_ids, Warp(1.0), 0, Meter(1))
     p = trio_prompts(demo_items(1))[0]

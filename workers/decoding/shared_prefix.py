@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 
 ATTENTION = "winnow_shared_prefix"
 SHARE_MIN_BYTES = 4 * 2**20  # a prompt's repeated cache smaller than this is not worth sharing (`worth_sharing`)
+SHARE_GPU_FRACTION = 1 / 256  # of a GPU's memory: on a GPU, repeated copies smaller than this are not worth sharing
 
 
 class SharedPrefixLayer(GrowingLayer):
@@ -212,11 +213,19 @@ def shared_forward(model, cache: SharedPrefixCache, **inputs):
         return model(**cache_kw(model, cache), winnow_prefix=cache, **inputs)
 
 
-def worth_sharing(prompt_columns: int, candidates: int, kv_bytes_per_token: int) -> bool:
-    """Whether a prompt's cache is worth sharing: its copies for the candidates would take SHARE_MIN_BYTES or more.
-    Below that, the repeated copies are cheap and the attention's own kernel (one call) beats the shared-prefix
-    attention's per-prompt products (on the bundled tiny trio, sharing made Best-of-16 about 10% slower)."""
-    return candidates > 1 and prompt_columns * candidates * kv_bytes_per_token >= SHARE_MIN_BYTES
+def worth_sharing(prompt_columns: int, candidates: int, kv_bytes_per_token: int,
+                  device: torch.device | None = None) -> bool:
+    """Whether a prompt's cache is worth sharing: its copies for the candidates would take SHARE_MIN_BYTES or more,
+    and on a GPU also SHARE_GPU_FRACTION of its memory. Below that, the repeated copies are cheap and the
+    attention's own kernel (one call) beats the shared-prefix attention's products (about a dozen kernels a layer,
+    two more a prompt): on the bundled tiny trio on a CPU, sharing made Best-of-16 about 10% slower, and a GPU at
+    these model sizes is launch-bound, its step paced by the kernels it launches, not by the memory they read."""
+    if candidates < 2:
+        return False
+    least = SHARE_MIN_BYTES
+    if device is not None and device.type == "cuda":
+        least = max(least, int(torch.cuda.get_device_properties(device).total_memory * SHARE_GPU_FRACTION))
+    return prompt_columns * candidates * kv_bytes_per_token >= least
 
 
 def share(model, prefilled: DynamicCache, group: torch.Tensor, kv_bytes_per_token: int
@@ -224,7 +233,7 @@ def share(model, prefilled: DynamicCache, group: torch.Tensor, kv_bytes_per_toke
     """The prefilled cache of P prompts as a shared prefix for sequences of prompts `group` [B] (prompt-major), or
     None where it is not worth it (`worth_sharing`) or the model cannot share exactly (`shares_exactly`)."""
     candidates = int(torch.bincount(group).max()) if group.numel() else 0
-    if not worth_sharing(prefilled.get_seq_length(), candidates, kv_bytes_per_token):
+    if not worth_sharing(prefilled.get_seq_length(), candidates, kv_bytes_per_token, next(model.parameters()).device):
         return None
     if not shares_exactly(model) or not plain_columns(prefilled):
         return None
