@@ -128,8 +128,8 @@ class HfEngine:
         if kv_tokens is not None:
             new = min(new, -(-max(0, kv_tokens - len(prompt.ids)) // rows) + 1)
         # the target sampler shares a prompt's cache across its candidates where that is exact
-        shared = self.draft is None and params.pool and shares_exactly(self.target) and \
-            worth_sharing(len(prompt.ids), rows, self.kv_bytes_per_token, self.device)
+        shared = self.draft is None and params.pool and \
+            worth_sharing(len(prompt.ids), rows, self.kv_bytes_per_token, self.device) and shares_exactly(self.target)
         need = batch_memory_need(rows, len(prompt.ids), new, self.kv_bytes_per_token, self.vocab, shared)
         if params.decides() and reward is not None and reward.session_kv_bytes_per_token:
             # the reward session keeps each running candidate's reward-model cache from one decision to the next
