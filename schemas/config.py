@@ -325,6 +325,10 @@ class JobConfig(Strict):
         if kv is not None and old is not None and kv != old:
             problems.append(f"models.vllm_kv_cache_mb: {old:g} differs from models.kv_cache_mb ({kv:g}); it is the "
                             "old name of the same setting: keep kv_cache_mb")
+        cap, old = getattr(method, "kv_space_mb", None), getattr(method, "memory_budget_mb", None)
+        if cap is not None and old is not None and cap != old:
+            problems.append(f"method.memory_budget_mb: {old:g} differs from method.kv_space_mb ({cap:g}); it is the "
+                            "old name of the same setting: keep kv_space_mb")
         reward = self.models.reward
         if getattr(reward, "kv_cache_mb", None) is not None and reward.engine != "vllm":
             problems.append("models.reward.kv_cache_mb: the reward engine's KV cache applies to models.reward.engine "
@@ -385,6 +389,13 @@ class JobConfig(Strict):
         release (`LATE_FIELDS`) are left out of the hashed dump while they hold their default, so a config that
         does not use them hashes as it did before they existed (existing run folders are matched by hash)."""
         dump = self.model_dump(mode="json")
+        for path, old in RENAMED.items():  # a setting under its new name hashes as under its old one
+            *parents, leaf = path.split(".")
+            node = dump
+            for p in parents:
+                node = node.get(p) if isinstance(node, dict) else None
+            if isinstance(node, dict) and node.get(leaf) is not None:
+                node[old.split(".")[-1]], node[leaf] = node[leaf], None
         for path, (now, before) in CHANGED_DEFAULTS.items():
             *parents, leaf = path.split(".")
             node = dump
@@ -418,6 +429,13 @@ LATE_FIELDS: dict[str, Any] = {
     "models.reward.engine": lambda: "hf",
     "models.reward.kv_cache_mb": lambda: None,
     "resources.wait_for_nodes_s": lambda: 600,
+    "method.kv_space_mb": lambda: None,
+}
+
+# Settings renamed after the first release, new dotted path -> old one (in the same section): the old name is still
+# read, and `JobConfig.hash` hashes the new one's value under the old name, so a run resumes under either.
+RENAMED: dict[str, str] = {
+    "method.kv_space_mb": "method.memory_budget_mb",
 }
 
 

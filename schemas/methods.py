@@ -110,13 +110,16 @@ class SpeculativeRejection(MethodParams):
         "length (its prompt once, each response at the token limit): Speculative Rejection starts n candidates in "
         "the memory of Best-of-memory_candidates, as paper 001 starts a batch larger than Best-of-N could finish. "
         "Null: n / 8 (at least 1). Bounded by the pool's space (models.kv_cache_mb x memory_fraction, "
-        "memory_budget_mb); the space used is recorded in stats.kv_space_bytes.",
+        "kv_space_mb); the space used is recorded in stats.kv_space_bytes.",
     )
-    memory_budget_mb: float | None = Field(
+    kv_space_mb: float | None = Field(
         None, gt=0,
         description="Schedule 'memory': a cap in MiB on the KV space of the actor's pool, which the prompts' spaces "
         "share (a prompt starts when its space fits beside the running prompts'). Null: no cap beyond "
         "models.kv_cache_mb x memory_fraction.",
+    )
+    memory_budget_mb: float | None = Field(
+        None, gt=0, description="The name method.kv_space_mb had before this version; the same.",
     )
     memory_fraction: float = Field(
         0.8, gt=0.0, le=1.0,
@@ -144,6 +147,10 @@ class SpeculativeRejection(MethodParams):
     def kv_space_candidates(self) -> int:
         """Schedule 'memory': the candidates at full length whose KV cache makes up a prompt's space."""
         return self.memory_candidates if self.memory_candidates is not None else max(1, self.n // 8)
+
+    def kv_space_cap_mb(self) -> float | None:
+        """Schedule 'memory': the cap on the pool's KV space, under its name or its old one (memory_budget_mb)."""
+        return self.kv_space_mb if self.kv_space_mb is not None else self.memory_budget_mb
 
 
 class Greedy(MethodParams):

@@ -76,7 +76,7 @@ def test_prompts_admitted_as_rows_free_give_the_rows_of_starting_together(method
     runner = Runner(cfg)
     ready, _ = runner.prepare(items)
     # room for one prompt and a half: the next prompt joins once half of the running one's candidates have left
-    runner.engine.memory_budget = int(1.5 * max(runner.engine.memory_need(p, runner.params, runner.reward)
+    runner.engine.kv_space_bytes = int(1.5 * max(runner.engine.memory_need(p, runner.params, runner.reward)
                                                 for _, p in ready))
     joins, extend = [], batch_module.Batch.extend
 

@@ -56,6 +56,25 @@ def test_kv_cache_mb_is_one_space_for_both_engines_under_either_name():
         validate_config(cfg)
 
 
+def test_the_pools_kv_space_cap_is_one_setting_under_either_name():
+    """method.kv_space_mb, formerly memory_budget_mb: either name caps the memory schedule's space, a run resumes
+    under either (the same hash), and the two set apart is an error naming both."""
+    sr = {"name": "speculative_rejection", "n": 8}
+    cfg = copy.deepcopy(FIXED)
+    cfg["method"] = {**sr, "memory_budget_mb": 64}
+    old = validate_config(cfg)
+    cfg["method"] = {**sr, "kv_space_mb": 64}
+    new = validate_config(cfg)
+    assert old.method.kv_space_cap_mb() == new.method.kv_space_cap_mb() == 64 and old.hash() == new.hash()
+    cfg["method"] = {**sr, "kv_space_mb": 64, "memory_budget_mb": 64}
+    assert validate_config(cfg).hash() == old.hash()
+    cfg["method"] = {**sr, "kv_space_mb": 32}
+    assert validate_config(cfg).hash() != old.hash()
+    cfg["method"] = {**sr, "kv_space_mb": 32, "memory_budget_mb": 64}
+    with pytest.raises(ConfigError, match="method.memory_budget_mb: 64 differs from method.kv_space_mb"):
+        validate_config(cfg)
+
+
 def test_late_fields_name_real_fields_and_their_defaults():
     """Each late field is a real field whose default (as hashed: a default changed since, CHANGED_DEFAULTS, hashes
     as the one before) is the one LATE_FIELDS gives."""

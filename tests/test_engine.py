@@ -60,7 +60,7 @@ def test_same_seed_same_output_and_other_seed_differs(items):
     "schedule",
     [
         {"schedule": "fixed", "every_k_tokens": 6},
-        {"schedule": "memory", "memory_budget_mb": 0.5},
+        {"schedule": "memory", "kv_space_mb": 0.5},
     ],
 )
 def test_speculative_rejection_with_alpha_zero_is_best_of_n(items, schedule):

@@ -24,13 +24,13 @@ def _runner(dtype: str, **over) -> Runner:
 
 def test_free_memory_is_the_devices_and_the_memory_schedule_uses_it():
     from schemas.methods import SpeculativeRejection
-    from workers.pool.schedules import memory_budget
+    from workers.pool.schedules import schedule_space
 
     device = torch.device("cuda")
     free = free_memory_bytes(device)
     assert 0 < free <= torch.cuda.get_device_properties(device).total_memory
     params = SpeculativeRejection(name="speculative_rejection", n=8, schedule="memory", memory_fraction=0.5)
-    budget = memory_budget(params, free)
+    budget = schedule_space(params, free)
     assert 0.3 * free < budget <= 0.5 * torch.cuda.get_device_properties(device).total_memory
 
 

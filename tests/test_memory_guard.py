@@ -46,7 +46,7 @@ def test_a_batch_too_large_for_memory_is_split_with_identical_results():
     split = Runner(cfg)
     ready, _ = split.prepare(items)
     # room for one prompt at a time
-    split.engine.memory_budget = max(split.engine.memory_need(p, split.params) for _, p in ready) + 1
+    split.engine.kv_space_bytes = max(split.engine.memory_need(p, split.params) for _, p in ready) + 1
     assert [len(g) for g in split.engine.memory_chunks([p for _, p in ready], split.params)] == [1, 1, 1]
     got = split.run(items)
     assert comparable(got) == comparable(expected)
@@ -56,7 +56,7 @@ def test_a_batch_too_large_for_memory_is_split_with_identical_results():
 def test_a_prompt_that_cannot_fit_alone_is_refused_before_it_allocates():
     runner = Runner(config(method={"name": "best_of_n", "n": 65536}, generation={"max_new_tokens": 64}))
     ready, _ = runner.prepare(demo_items(1))
-    runner.engine.memory_budget = runner.engine.memory_need(ready[0][1], runner.params) - 1
+    runner.engine.kv_space_bytes = runner.engine.memory_need(ready[0][1], runner.params) - 1
     with pytest.raises(BatchTooLarge) as err:
         runner.run(demo_items(1))
     message = str(err.value)
@@ -100,9 +100,9 @@ def test_an_actor_that_shares_a_gpu_is_sized_to_its_share(monkeypatch):
     def engine(share):
         config = SimpleNamespace(models=SimpleNamespace(kv_space_mb=None), resources=SimpleNamespace(
             gpus_per_worker=share))
-        return SimpleNamespace(memory_budget=None, config=config, device=cuda)
+        return SimpleNamespace(kv_space_bytes=None, config=config, device=cuda)
 
-    assert HfEngine.budget(engine(0.25)) == int(10 * gib * MEMORY_FRACTION)
+    assert HfEngine.kv_space(engine(0.25)) == int(10 * gib * MEMORY_FRACTION)
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda d: 30 * gib)
     with pytest.raises(BatchTooLarge, match=r"resources.gpus_per_worker: 0.25 of this GPU \(H100, 80.0 GiB\)"):
-        HfEngine.budget(engine(0.25))
+        HfEngine.kv_space(engine(0.25))

@@ -73,28 +73,28 @@ def test_memory_schedule_decides_when_a_prompts_cache_would_pass_its_space(items
     assert decided, "no prompt decided: the test proves nothing"
 
 
-def test_memory_budget_is_the_free_memory_share_capped_by_memory_budget_mb(monkeypatch):
+def test_the_schedules_space_is_the_free_memory_share_capped_by_kv_space_mb(monkeypatch):
     from schemas.methods import SpeculativeRejection
     from tests.trio_helpers import trio_context
     from workers.accounting import memory
     from workers.engines.hf import HfDecoder
-    from workers.pool.schedules import memory_budget
+    from workers.pool.schedules import schedule_space
 
     sr = {"name": "speculative_rejection"}
     decoder = HfDecoder(trio_context(Meter(1)), 4)
-    real = memory_budget(SpeculativeRejection(**sr), decoder.kv_space())  # the host's own memory on CPU
+    real = schedule_space(SpeculativeRejection(**sr), decoder.kv_space())  # the host's own memory on CPU
     assert isinstance(real, int) and 0 < real < 2**62
     gib = 2**30
     monkeypatch.setattr(memory, "host_available_bytes", lambda: 10 * gib)
     space = decoder.kv_space()
-    assert memory_budget(SpeculativeRejection(**sr), space) == int(0.8 * 10 * gib)
-    assert memory_budget(SpeculativeRejection(**sr, memory_fraction=0.5), space) == 5 * gib
-    assert memory_budget(SpeculativeRejection(**sr, memory_budget_mb=100), space) == 100 * 2**20
-    assert memory_budget(SpeculativeRejection(**sr, memory_budget_mb=10**6), space) == 8 * gib
+    assert schedule_space(SpeculativeRejection(**sr), space) == int(0.8 * 10 * gib)
+    assert schedule_space(SpeculativeRejection(**sr, memory_fraction=0.5), space) == 5 * gib
+    assert schedule_space(SpeculativeRejection(**sr, kv_space_mb=100), space) == 100 * 2**20
+    assert schedule_space(SpeculativeRejection(**sr, memory_budget_mb=10**6), space) == 8 * gib
     monkeypatch.setattr(memory, "host_available_bytes", lambda: None)
-    with pytest.raises(ValueError, match="method.memory_budget_mb"):
-        memory_budget(SpeculativeRejection(**sr), decoder.kv_space())
-    assert memory_budget(SpeculativeRejection(**sr, memory_budget_mb=2), decoder.kv_space()) == 2 * 2**20
+    with pytest.raises(ValueError, match="method.kv_space_mb"):
+        schedule_space(SpeculativeRejection(**sr), decoder.kv_space())
+    assert schedule_space(SpeculativeRejection(**sr, memory_budget_mb=2), decoder.kv_space()) == 2 * 2**20  # old name
 
 
 def test_the_memory_schedule_records_its_budget_and_runs_on_cpu_without_one(items):
@@ -104,7 +104,7 @@ def test_the_memory_schedule_records_its_budget_and_runs_on_cpu_without_one(item
     gen = {"max_new_tokens": 8}
     kv = model_kv_bytes(trio().engine.target)
     # a pool's space smaller than a prompt's (4 candidates, 1 at full length: about 30 x 2 KiB) bounds it
-    prompts, capped, _ = run_trio({"name": "speculative_rejection", "n": 4, "memory_budget_mb": 0.02}, items[:2], gen)
+    prompts, capped, _ = run_trio({"name": "speculative_rejection", "n": 4, "kv_space_mb": 0.02}, items[:2], gen)
     assert [r.stats["kv_space_bytes"] for r in capped] == [int(0.02 * 2**20)] * 2
     assert all((len(p.ids) + 8) * kv > 0.02 * 2**20 for p in prompts)
     prompts, minimal, _ = run_trio({"name": "speculative_rejection", "n": 4}, items[:2], gen)  # nothing configured

@@ -94,7 +94,7 @@ def test_cross_field_rules_name_the_field():
     for gpus in (0, 1):
         ok = {**GOOD, "method": {"name": "speculative_rejection", "n": 64, "alpha": 0.5},
               "resources": {"gpus_per_worker": gpus}}
-        assert validate_config(ok).method.memory_budget_mb is None
+        assert validate_config(ok).method.kv_space_cap_mb() is None
 
 
 def test_set_overrides_parse_yaml_values_and_name_bad_keys():

@@ -80,7 +80,7 @@ class HfEngine:
     """The target and draft of a job, loaded with transformers on the actor's device."""
 
     name = "hf"
-    memory_budget: int | None = None  # bytes for a batch's sequences; None: MEMORY_FRACTION of the free memory
+    kv_space_bytes: int | None = None  # the pool's KV space, set by tests; None: MEMORY_FRACTION of the free memory
 
     def __init__(self, config: JobConfig):
         self.config = config
@@ -99,12 +99,12 @@ class HfEngine:
             model_kv_bytes(self.draft) if self.draft is not None else 0)
 
     # -- memory ------------------------------------------------------------------------------------------------------
-    def budget(self) -> int:
-        """Bytes a batch's sequences may take (the pool's KV space): `memory_budget` (tests), else
+    def kv_space(self) -> int:
+        """Bytes a batch's sequences may take (the pool's KV space): `kv_space_bytes` (tests), else
         models.kv_cache_mb, else MEMORY_FRACTION of the memory free now, or of this actor's share of its GPU where
         several actors share one (resources.gpus_per_worker below 1: `share_bytes`)."""
-        if self.memory_budget is not None:
-            return self.memory_budget
+        if self.kv_space_bytes is not None:
+            return self.kv_space_bytes
         mb = self.config.models.kv_space_mb
         if mb is not None:
             return int(mb * 2**20)
@@ -144,11 +144,11 @@ class HfEngine:
 
     def memory_chunks(self, prompts: list[PromptInput], params: MethodParams, reward: Scorer | None = None,
                       budget: int | None = None) -> list[list[int]]:
-        """The prompts' indices in consecutive chunks that each fit in `budget` (default `self.budget()`); all of
+        """The prompts' indices in consecutive chunks that each fit in `budget` (default `self.kv_space()`); all of
         them when they fit (a *group* is one prompt's number in a pool; a chunk is several prompts). A prompt that cannot fit alone raises `BatchTooLarge` before anything is allocated for
         it. Splitting changes no sampled token (draws are keyed per prompt and candidate,
         `workers.decoding.sampling`), only how the batch is timed."""
-        budget = self.budget() if budget is None else budget
+        budget = self.kv_space() if budget is None else budget
         chunks: list[list[int]] = []
         used = budget + 1
         for i, prompt in enumerate(prompts):
@@ -185,7 +185,7 @@ class HfEngine:
         read now as its KV space and models.max_num_seqs as its width."""
         return HfDecoder(ctx, params.candidates(),
                          lambda p, rows, kv_tokens: self.sequences_need(p, rows, params, reward, kv_tokens),
-                         self.budget(), self.config.models.width(params.candidates()))
+                         self.kv_space(), self.config.models.width(params.candidates()))
 
     def synchronize(self) -> None:
         if self.device.type == "cuda":

@@ -128,24 +128,25 @@ class MemorySchedule(NoDecisions):
         return {"kv_space_bytes": self.space(prompt)}
 
 
-def memory_budget(params: SpeculativeRejection, kv_space: int | None) -> int:
-    """The pool's KV space for the memory schedule: the engine's KV space x memory_fraction, capped by
-    memory_budget_mb when it is set (`kv_space` None: it could not be read)."""
-    budget = math.inf if kv_space is None else kv_space * params.memory_fraction
-    if params.memory_budget_mb is not None:
-        budget = min(budget, params.memory_budget_mb * 2**20)
-    if not math.isfinite(budget):
-        raise ValueError("method.memory_budget_mb: the memory the pool has could not be read (the host's available "
-                         "memory: /proc/meminfo, sysconf); set method.memory_budget_mb to give the memory schedule its "
-                         "KV budget")
-    return int(budget)
+def schedule_space(params: SpeculativeRejection, kv_space: int | None) -> int:
+    """The pool's KV space under the memory schedule: the engine's KV space x memory_fraction, capped by
+    method.kv_space_mb when it is set (`kv_space` None: it could not be read)."""
+    space = math.inf if kv_space is None else kv_space * params.memory_fraction
+    cap = params.kv_space_cap_mb()
+    if cap is not None:
+        space = min(space, cap * 2**20)
+    if not math.isfinite(space):
+        raise ValueError("method.kv_space_mb: the memory the pool has could not be read (the host's available "
+                         "memory: /proc/meminfo, sysconf); set method.kv_space_mb to give the memory schedule its "
+                         "KV space")
+    return int(space)
 
 
 def pool_space(params: MethodParams, kv_space: int | None) -> int | None:
     """The bytes a pool's running prompts may hold in all: the decoder's KV space, or for Speculative Rejection's
-    memory schedule its share of it (`memory_budget`); None where it cannot be read (no bound)."""
+    memory schedule its share of it (`schedule_space`); None where it cannot be read (no bound)."""
     if isinstance(params, SpeculativeRejection) and params.schedule == "memory":
-        return memory_budget(params, kv_space)
+        return schedule_space(params, kv_space)
     return kv_space
 
 
@@ -156,7 +157,7 @@ def schedule_for(params: MethodParams, decoder: Decoder) -> NoDecisions:
     if params.schedule == "fixed":
         return FixedSchedule(params.every_k_tokens)
     return MemorySchedule(params.kv_space_candidates(), decoder.kv_bytes_per_token,
-                          memory_budget(params, decoder.kv_space()))
+                          schedule_space(params, decoder.kv_space()))
 
 
 def cut_value(values: Sequence[float], alpha: float) -> float:
