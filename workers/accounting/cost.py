@@ -57,7 +57,7 @@ class Meter:
         which only the sequences `counted` [B] bool marks are charged (default all). The three come from the device
         in one transfer: a forward's count costs the host one wait for the device, not one per tensor."""
         cols = [group, new_tokens] if counted is None else [group, new_tokens, counted]
-        moved = torch.stack([c.to(torch.long) for c in cols]).cpu()
+        moved = torch.stack([c.to(group.device, torch.long) for c in cols]).cpu()
         g, new_tokens = moved[0], moved[1]
         if counted is not None:
             keep = moved[2].bool()
