@@ -116,10 +116,14 @@ class Pool:
         return True
 
     def _round(self, prompts: dict[int, PromptInput]) -> None:
-        """A rejection round for the prompts among `prompts` that the schedule calls one for."""
+        """A rejection round for the prompts among `prompts` that the schedule calls one for. Its scoring call also
+        gives the final rewards of the prompts among `prompts` whose every candidate has ended (`ended` would
+        otherwise score them in a call of their own): one reward forward for both where a forward costs the same
+        at any width."""
         due = self.schedule.due(self.decoder, prompts) if self.live else set()
         if due:
-            self.schedule.rejected(self._decide(due))
+            done = {g for g in prompts if g not in due and self.prompts[g].ended and self.prompts[g].unscored}
+            self.schedule.rejected(self._decide(due | done))
 
     def _hold(self, state: PromptState, rows: int) -> int:
         """The bytes a prompt's `rows` running sequences may take (`Decoder.need`), within its schedule's KV space."""
