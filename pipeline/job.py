@@ -432,6 +432,7 @@ def summary_table(t: Tally, config: JobConfig, new_rows: int, seconds: float) ->
         f" + draft {cost.draft_tokens} + reward {cost.reward_tokens}, prefill and scoring included); USD at "
         f"{config.cost.usd_per_device_hour:g}/device-hour"
         + (f"; {t.decoding_steps:.0f} decoding steps at a mean width of {t.mean_width():.1f} sequences"
+           + (f" and {t.reward_steps:.0f} reward-model forwards" if t.reward_steps else "")
            if t.mean_width() is not None else "")
         + (f"; {t.rows_without_cost} row(s) have no cost and are left out of these totals"
            if t.rows_without_cost else "")

@@ -510,6 +510,7 @@ class Tally:
     rejected: int = 0  # candidates whose finish_reason is "rejected" (stopped by a Speculative Rejection cut)
     decoding_steps: float = 0.0  # stats.decoding_steps summed: the decoding steps the run's actors took
     sequence_steps: int = 0  # stats.sequence_steps summed
+    reward_steps: float = 0.0  # stats.reward_steps summed: the reward-model forwards the run's actors made
 
     def mean_width(self) -> float | None:
         """Sequences per decoding step, over the run's steps (None without steps)."""
@@ -698,6 +699,7 @@ def tally(folder: RunFolder) -> Tally:
             t.generated_tokens += (s or {}).get("generated_tokens") or 0
             t.decoding_steps += (s or {}).get("decoding_steps") or 0.0
             t.sequence_steps += (s or {}).get("sequence_steps") or 0
+            t.reward_steps += (s or {}).get("reward_steps") or 0.0
         if "candidates" in table.column_names:  # only the finish_reason of each candidate is read, not its text
             flat = pc.list_flatten(table.column("candidates"))
             t.candidates += len(flat)

@@ -80,6 +80,7 @@ def counted(manifest: Manifest, config: JobConfig, t: Tally, **changes) -> Manif
     data.update(rows=t.rows, errors=t.errors, cost=t.cost_totals(config.cost.usd_per_device_hour),
                 reward_inputs_truncated=t.reward_inputs_truncated, generated_tokens=t.generated_tokens,
                 candidates=t.candidates, rejected=t.rejected, decoding_steps=round(t.decoding_steps, 3),
+                reward_steps=round(t.reward_steps, 3),
                 mean_width=round(t.mean_width(), 3) if t.mean_width() is not None else None,
                 no_cut=(t.rejected == 0 and t.candidates > 0) if sr else None, **changes)
     return Manifest.model_validate(data)

@@ -65,6 +65,11 @@ class Manifest(BaseModel):
         0.0, description="the decoding steps the run's actors took (stats.decoding_steps summed): what a device bills "
         "when a step costs about the same at any width; 0 for methods that are not candidate pools"
     )
+    reward_steps: float = Field(
+        0.0, description="the reward model's forwards over the run (stats.reward_steps summed): billed like "
+        "decoding steps where a forward costs about the same at any width; 0 for methods that are not candidate "
+        "pools or without a reward model's forward"
+    )
     mean_width: float | None = Field(
         None, description="sequences per decoding step over the run (stats.sequence_steps / stats.decoding_steps, "
         "summed over rows); null without steps"

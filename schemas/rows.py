@@ -102,6 +102,11 @@ STATS_FIELDS: dict[str, tuple[pa.DataType, str]] = {
     "sequence_steps": (pa.int64(), "steps of the prompt's candidates (a prefill of the hf engine: one), summed "
                        "(sequence_steps / decoding_steps over a run is the actors' mean width); null for methods that "
                        "are not candidate pools"),
+    "reward_steps": (pa.float64(), "the prompt's share of its actor's reward-model forwards (each forward shared "
+                     "among the prompts in it by their rows; summed over a run's rows: the forwards its actors' reward "
+                     "models made): on a device where a forward costs about the same at any width (a GPU at small "
+                     "sizes), the reward model's part of the bill, as decoding_steps are the target's; 0 without a "
+                     "reward model's forward; null for methods that are not candidate pools"),
 }
 STATS = pa.struct([(name, t) for name, (t, _) in STATS_FIELDS.items()])
 

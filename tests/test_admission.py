@@ -196,6 +196,26 @@ def test_a_forward_charges_only_the_sequences_it_counts():
     assert m.tokens["target"].tolist() == [1, 0, 1] and m.forwards["target"].tolist() == [1, 0, 1]
     m.count_forward("target", torch.tensor([0, 1]), torch.tensor([2, 3]))  # every row counted
     assert m.tokens["target"].tolist() == [3, 3, 1] and m.forwards["target"].tolist() == [2, 1, 1]
+    assert m.reward_steps.tolist() == [0, 0, 0]  # the target's forwards are its steps, counted by count_step
+    m.count_forward("reward", torch.tensor([0, 0, 2, 1]), torch.tensor([5, 5, 5, 5]),
+                    torch.tensor([True, True, True, False]))
+    assert m.reward_steps.tolist() == pytest.approx([2 / 3, 0, 1 / 3])  # one forward, shared by its counted rows
+
+
+def test_the_reward_models_forwards_are_shared_among_the_prompts_in_them():
+    """stats.reward_steps: each reward-model forward is shared among the prompts in it by their rows, so the rows'
+    shares sum to the forwards the reward model made (counted here by a hook), as their decoding_steps sum to the
+    actor's steps."""
+    from tests.trio_helpers import config
+    from workers.actor.runner import Runner
+
+    runner = Runner(config(method={"name": "speculative_rejection", "n": 8, "alpha": 0.5},
+                           generation={"max_new_tokens": 24}))
+    calls: list[int] = []
+    runner.reward.model.register_forward_hook(lambda *_: calls.append(1))
+    rows = runner.run(demo_items(6))
+    shares = [r["stats"]["reward_steps"] for r in rows]
+    assert all(s > 0 for s in shares) and sum(shares) == pytest.approx(len(calls)) and len(calls) < 6 * 8
 
 
 def test_a_meter_over_a_window_of_prompts_charges_each_stretch_once(monkeypatch):

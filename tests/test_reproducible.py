@@ -102,14 +102,14 @@ def test_smollm2_gives_the_same_rows_three_times_however_the_calls_are_timed():
 # Reliability section states it; these tests hold it to that.
 
 def rows_by_batching(cfg_of, items: list[dict], batchings: list[tuple[int, int]]) -> list[list[dict]]:
-    """The rows of `items` under each (prompts per call, width); the decoding-step share (which depends on what
-    shares a step) and the seconds left out."""
+    """The rows of `items` under each (prompts per call, width); the decoding-step and reward-forward shares (which
+    depend on what shares a step or a forward) and the seconds left out."""
     out = []
     for per_call, width in batchings:
         runner = Runner(cfg_of(per_call, width))
         rows = [row for i in range(0, len(items), per_call) for row in runner.run(items[i: i + per_call])]
         for r in rows:
-            r["stats"] = {k: v for k, v in r["stats"].items() if k != "decoding_steps"}
+            r["stats"] = {k: v for k, v in r["stats"].items() if k not in ("decoding_steps", "reward_steps")}
         out.append(exact(rows))
     return out
 

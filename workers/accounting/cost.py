@@ -35,6 +35,7 @@ class Meter:
         self.reward_inputs_truncated = torch.zeros(num_prompts, dtype=torch.long)
         self.steps = torch.zeros(num_prompts, dtype=torch.float64)  # each prompt's share of the decoding steps
         self.seq_steps = torch.zeros(num_prompts, dtype=torch.long)  # its sequences' steps
+        self.reward_steps = torch.zeros(num_prompts, dtype=torch.float64)  # its share of the reward model's forwards
         self.started = time.perf_counter()
         self.seconds: torch.Tensor | None = None  # [num_prompts] float64 once `tick` charges time
         self._charged: torch.Tensor | None = None  # tokens of every role at the last tick
@@ -64,7 +65,10 @@ class Meter:
             g, new_tokens = g[keep], new_tokens[keep]
         g, new_tokens = self._index(g, new_tokens)
         self.tokens[role] += torch.bincount(g, weights=new_tokens.cpu().double(), minlength=self.num_prompts).long()
-        self.forwards[role] += (torch.bincount(g, minlength=self.num_prompts) > 0).long()
+        rows = torch.bincount(g, minlength=self.num_prompts)
+        self.forwards[role] += (rows > 0).long()
+        if role == "reward" and int(rows.sum()):  # the forward shared among its prompts by their rows
+            self.reward_steps += rows.double() / int(rows.sum())
 
     def settle(self, role: str, group: int, tokens: int) -> None:
         """Correct prompt `group`'s count of `role` tokens by `tokens`, where an engine counts a step's work before
@@ -107,6 +111,7 @@ class Meter:
                                                   self.reward_inputs_truncated.new_zeros(extra)])
         self.steps = torch.cat([self.steps, self.steps.new_zeros(extra)])
         self.seq_steps = torch.cat([self.seq_steps, self.seq_steps.new_zeros(extra)])
+        self.reward_steps = torch.cat([self.reward_steps, self.reward_steps.new_zeros(extra)])
         if self.seconds is not None:
             self.seconds = torch.cat([self.seconds, self.seconds.new_zeros(extra)])
             self._charged = torch.cat([self._charged, self._charged.new_zeros(extra)])
@@ -122,6 +127,7 @@ class Meter:
                 d[r] = d[r][drop:].clone()
         self.reward_inputs_truncated = self.reward_inputs_truncated[drop:].clone()
         self.steps, self.seq_steps = self.steps[drop:].clone(), self.seq_steps[drop:].clone()
+        self.reward_steps = self.reward_steps[drop:].clone()
         if self.seconds is not None:
             self.seconds = self.seconds[drop:].clone()
             self._charged = self._charged[drop:].clone()
@@ -150,13 +156,14 @@ class Meter:
 
     def step_stats(self, groups: list[int] | None = None) -> list[dict]:
         """Each prompt's (or prompts `groups`', absolute numbers) decoding steps as its row's stats: its share of
-        the steps (`decoding_steps`) and its sequence-steps (`sequence_steps`); empty for a prompt of no step (a
-        method that is not a candidate pool)."""
+        the steps (`decoding_steps`), its sequence-steps (`sequence_steps`) and its share of the reward model's
+        forwards (`reward_steps`); empty for a prompt of no step (a method that is not a candidate pool)."""
         out = []
         for g in range(self.base, self.base + self.num_prompts) if groups is None else groups:
             i = g - self.base
             seq = int(self.seq_steps[i])
-            out.append({"decoding_steps": float(self.steps[i]), "sequence_steps": seq} if seq else {})
+            out.append({"decoding_steps": float(self.steps[i]), "sequence_steps": seq,
+                        "reward_steps": float(self.reward_steps[i])} if seq else {})
         return out
 
     # -- the rows' cost struct ------------------------------------------------------------------------------------
