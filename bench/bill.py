@@ -7,7 +7,7 @@ case in one actor call (`Runner.run`), at one width (`models.max_num_seqs`), pro
 KV space free (`workers.pool.pool.Pool`), and prints, per case:
 
 - **decoding steps** (the actor's batched steps: `stats.decoding_steps` summed) and the mean width; and the
-  **reward model's forwards** (counted device-wide by a hook): where a forward costs about the same at any width (a
+  **reward model's forwards** (`stats.reward_steps` summed): where a forward costs about the same at any width (a
   GPU at these sizes, `--gpus 1`), the reward model bills its forwards as the target bills its steps;
 - **FLOPs** of the trio: 2 x parameters x tokens, for the target (prefill and decoding) and the reward model
   (everything it was fed), as `winnow report` counts them (`reporting.cost`);
@@ -171,6 +171,7 @@ class Case:
         tokens = {r: sum(row["cost"][f"{r}_tokens"] for row in rows) for r in ROLES}
         generated = sum(row["stats"]["generated_tokens"] for row in rows)
         steps = sum(row["stats"]["decoding_steps"] for row in rows)
+        reward_forwards = round(sum(row["stats"].get("reward_steps") or 0.0 for row in rows))
         seq_steps = sum(row["stats"]["sequence_steps"] for row in rows)
         flops = {r: 2.0 * self.parameters.get(r, 0) * tokens[r] for r in ROLES}
         return {
@@ -179,7 +180,7 @@ class Case:
             "reward_per_generated": tokens["reward"] / generated,
             "reward_prompt_tokens": self.prompt_tokens,
             "reward_beyond_prompts_per_generated": (tokens["reward"] - self.prompt_tokens) / generated,
-            "decoding_steps": steps, "mean_width": seq_steps / steps,
+            "decoding_steps": steps, "mean_width": seq_steps / steps, "reward_forwards": reward_forwards,
             "target_gflop": flops["target"] / 1e9, "reward_gflop": flops["reward"] / 1e9,
             "gflop": sum(flops.values()) / 1e9,
         }
@@ -206,17 +207,11 @@ def bench_case(case: Case, engine: str, n: int, width: int, repeats: int, tmp: s
         first = first or runners[name]
     out: dict[str, dict] = {}
     rows_of: dict[str, list[dict]] = {}
-    calls = [0]  # the reward model's forwards, device-wide: on a device where a forward costs about the same at any
-    model = getattr(first.reward, "model", None)  # width, they are billed like decoding steps
-    if model is not None:
-        model.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
     for _ in range(repeats):  # the sides alternate, so that the machine's load falls on all of them
         for name, runner in runners.items():
-            calls[0] = 0
             rows, cpu, wall = run_side(runner, case.items)
             rows_of[name] = rows
             fig = case.figures(rows)
-            fig["reward_forwards"] = calls[0]
             if name in out:
                 fig.update(cpu_s=min(cpu, out[name]["cpu_s"]), wall_s=min(wall, out[name]["wall_s"]))
             else:
