@@ -65,16 +65,21 @@ def test_the_bundled_reward_model_scores_incrementally():
     assert bundled.kv_bytes_per_token == 2 * 3 * 4 * 24 * 4  # measured on the probe's cache: 2 x layers x heads x dim
 
 
-@pytest.mark.parametrize("template, batch_tokens, max_len", [
-    (PROMPT_FIRST, 8192, None),
-    (None, 8192, None),  # the bundled template: the prompt is in the tail that moves
-    (PROMPT_FIRST, 64, 40),  # batches split and joined; inputs past 40 tokens cut to the context, scored whole
+@pytest.mark.parametrize("template, batch_tokens, max_len, share", [
+    (PROMPT_FIRST, 8192, None, False),
+    (None, 8192, None, False),  # the bundled template: the prompt is in the tail that moves
+    (PROMPT_FIRST, 64, 40, False),  # batches split and joined; inputs past 40 tokens cut to the context, scored whole
+    (PROMPT_FIRST, 8192, None, True),  # each prompt's prefix held once, read by the shared-prefix attention
+    (PROMPT_FIRST, 64, 40, True),
 ])
-def test_incremental_scores_equal_whole_scores_over_rounds(template, batch_tokens, max_len):
+def test_incremental_scores_equal_whole_scores_over_rounds(template, batch_tokens, max_len, share, monkeypatch):
     """Candidates grow by random words over rounds (some by nothing, some by a glued piece that re-splits the last
     word); some finish and leave after their last score, some are rejected; one is rewritten so that its encoding
     does not extend the cached one; a prompt with a single candidate has no shared prefix. Every call's scores equal
-    whole scoring from scratch, the session holds exactly the candidates still running, and it feeds fewer tokens."""
+    whole scoring from scratch, the session holds exactly the candidates still running, and it feeds fewer tokens.
+    `share`: every prompt's prefix is held once for its candidates (`CachedScoring.share_all`; by default only
+    where the copies would be worth it), and the rewritten candidate's encoding changes inside it."""
+    monkeypatch.setattr(CachedScoring, "share_all", share)
     rng = random.Random(0)
     scorer = scorer_with(template, batch_tokens)
     if max_len is not None:
@@ -89,7 +94,7 @@ def test_incremental_scores_equal_whole_scores_over_rounds(template, batch_token
             for _ in range(rng.choice([0, 1, 2, 3])):
                 texts[key] += rng.choice(GLUED) if rng.random() < 0.2 else " " + rng.choice(WORDS)
         if rnd == 3:
-            texts[(0, 1)] = "quietly a cat ."  # not an extension of what the cache holds
+            texts[(0, 1)] = "quietly a cat ."  # not an extension of what the cache holds (nor of the prefix held)
         keys = sorted(running)
         final = [rng.random() < 0.15 for _ in keys]
         items = [Scored(g, [{"role": "user", "content": PROMPTS[g]}], texts[(g, c)], [1], [2]) for g, c in keys]
@@ -397,3 +402,38 @@ def test_one_input_one_score_whatever_cache_scored_it():
     got = session.score(["a", "b", "c"], [item("the dog ran into the field")] * 2 + [item("a cat")])
     assert got[0] == got[1]  # exactly: a rejection cut keeps ties together
     assert close(got, whole_scorer(scorer)([item("the dog ran into the field")] * 2 + [item("a cat")], Meter(1)))
+
+
+def test_a_long_prompt_is_held_once_for_its_candidates():
+    """A prompt whose copies in its candidates' caches would pass `worth_sharing` (4 MiB: 32 candidates of a
+    prompt of about 100 tokens on the bundled reward model) is held once by the session, its candidates' caches
+    hold only their own columns, and the scores are whole scoring's; a candidate that comes back without a cache (its
+    cache dropped) starts from the prefix held, so the prompt is not fed again; when no candidate of the prompt is
+    held, neither is its prefix. A short prompt (the quickstart's) is copied, as before."""
+    scorer = scorer_with(PROMPT_FIRST)
+    assert scorer.shares_prompt  # the load-time probe: shared-prefix scoring gives the model's scores
+    ref = whole_scorer(scorer)
+    long_prompt = [{"role": "user", "content": " ".join(["write about the dog and the cat in the field ."] * 10)}]
+    rng = random.Random(1)
+    texts = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 4))) for _ in range(32)]
+    items = [Scored(0, long_prompt, t, [1], [2]) for t in texts]
+    prompt_tokens = len(os.path.commonprefix([scorer.encode(it) for it in items]))
+    assert prompt_tokens >= 90
+    meter = Meter(1)
+    session = scorer.session(meter)
+    assert close(session.score(list(range(32)), items), ref(items, Meter(1)))
+    assert len(session.prefixes) == 1 and len(next(iter(session.prefixes.values())).ids) == prompt_tokens
+    assert all(p.width < 12 for p in session.parts)  # the candidates' own columns only
+    fed = int(meter.tokens["reward"].sum())
+    # candidate 0 comes back without its cache, candidate 1 grown: neither feeds the prompt again
+    session.parts = [p.take([r for r, k in enumerate(p.keys) if k != 0]) for p in session.parts]
+    grown = [Scored(0, long_prompt, texts[0] + " a cat", [1], [2]), Scored(0, long_prompt, texts[1] + " .", [1], [2])]
+    assert close(session.score([0, 1], grown), ref(grown, Meter(1)))
+    enc0, enc1 = scorer.encode(grown[0]), scorer.encode(grown[1])
+    assert int(meter.tokens["reward"].sum()) - fed == (len(enc0) - prompt_tokens) + (
+        len(enc1) - len(os.path.commonprefix([enc1, scorer.encode(items[1])])))
+    session.release(list(range(32)))
+    assert not session.prefixes and not session.parts
+    short = [Scored(0, [{"role": "user", "content": PROMPTS[0]}], t, [1], [2]) for t in texts]
+    session.score(list(range(32)), short)
+    assert not session.prefixes

@@ -60,6 +60,20 @@ class SharedPrefixCache(DynamicCache):
                        for layer in prefilled.layers]
         self._runs: list[tuple[int, int, int]] | None = None
 
+    @classmethod
+    def of_layers(cls, prefix: list[tuple[torch.Tensor, torch.Tensor]], group: torch.Tensor,
+                  suffix: list[tuple[torch.Tensor, torch.Tensor]]) -> SharedPrefixCache:
+        """A cache over prompts' keys/values `prefix` (per layer, [P, H, Lp, D]) for sequences of prompts `group`
+        holding `suffix` (per layer, [B, H, S, D]; empty: no column yet), without copying either: the suffix is
+        copied into growing storage at the first update, as a joined cache's is."""
+        cache = cls.__new__(cls)
+        DynamicCache.__init__(cache)
+        cache.group, cache.width, cache._runs = group, int(prefix[0][0].shape[-2]), None
+        cache.layers = [SharedPrefixLayer(k, v, cache) for k, v in prefix]
+        for layer, (k, v) in zip(cache.layers, suffix):
+            layer.keys, layer.values = k, v
+        return cache
+
     def runs(self) -> list[tuple[int, int, int]]:
         """(prompt, first sequence, end) of each run of consecutive sequences of one prompt."""
         if self._runs is None:

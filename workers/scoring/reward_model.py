@@ -22,6 +22,7 @@ from transformers.cache_utils import DynamicLayer
 
 from workers.accounting.cost import Meter
 from workers.accounting.memory import device_free_bytes
+from workers.decoding.shared_prefix import SharedPrefixCache, shared_forward, worth_sharing
 from workers.decoding.kvcache import (
     cache_kw,
     cache_of,
@@ -86,8 +87,11 @@ class RewardModelScorer:
         self.kv_bytes_per_token = model_kv_bytes(model)  # replaced by the cache's own, measured by the probe
         self.template_head = template_head(tokenizer)  # what every prompt's encoding starts with (a session's once)
         self.head_row: RowCaches | None = None  # set below, once the model is known to score incrementally
+        self.shares_prompt = False  # until the probe below says
         self.shares_prefix = prefix_sharing_is_exact(model, self.pad)
         self.incremental = self.shares_prefix and incremental_is_exact(self)
+        # whether a session may hold a prompt's prefix once for its candidates (`CachedScoring._worth_sharing`)
+        self.shares_prompt = self.incremental and incremental_is_exact(self, share=True)
         # the template's head, encoded once here (a load-time cost, as the probes are, charged to no prompt, so that
         # a prompt's cost does not depend on which prompts shared its session): every session's prompts start from it
         self.head_row = RowCaches.encoded(model, self.template_head) if self.incremental and self.template_head \
@@ -219,28 +223,37 @@ def prefix_sharing_is_exact(model, pad_id: int | None) -> bool:
 
 
 @torch.inference_mode()
-def incremental_is_exact(scorer: RewardModelScorer) -> bool:
+def incremental_is_exact(scorer: RewardModelScorer, share: bool = False) -> bool:
     """Whether a CachedScoring session gives the model's own scores over two calls: three probe sequences, two of
     them sharing a prefix, then one of those with its last held token replaced and more appended (a hole in the
     cache), the other extended, and a third new; each scored whole for comparison. Measures the cache's bytes per
-    token (`kv_bytes_per_token`) on the way. Only plain full-attention cache layers (DynamicLayer) qualify."""
+    token (`kv_bytes_per_token`) on the way. Only plain full-attention cache layers (DynamicLayer) qualify.
+    `share`: the session holds the shared prefix once for its rows (the shared-prefix attention reads it), and a
+    third call feeds a row whose encoding changed inside that prefix and a new row of the prompt."""
     model = scorer.model
     if any(type(layer) is not DynamicLayer for layer in DynamicCache(config=model.config).layers):
         return False  # sliding-window and other layer kinds keep their own column bookkeeping
     t = _probe_tokens(model, scorer.head_pad, 40)
     first = [t[:16], t[:12] + t[16:19]]
     second = [first[0][:-1] + t[20:23], first[1] + t[23:25], t[25:31]]
+    third = [second[1] + t[31:33], t[:5] + t[33:36], t[:12] + t[36:40]]
     session = CachedScoring(scorer, Meter(1))
+    session.share_all = share
     try:
         got = session.feed(["a", "b"], [0, 0], first, [False, False])
         measured = session.cache_bytes() // max(1, sum(p.size * p.width for p in session.parts))
         got += session.feed(["a", "b", "c"], [0, 0, 0], second, [False] * 3)
-    except (TypeError, ValueError, RuntimeError, AttributeError, IndexError) as err:
-        log.info("reward model cannot score incrementally: %s", err)
+        if share:
+            got += session.feed(["b", "a", "d"], [0, 0, 0], third, [False] * 3)
+            if not session.prefixes:
+                return False
+    except (TypeError, ValueError, RuntimeError, AttributeError, IndexError, NotImplementedError) as err:
+        log.info("reward model cannot score incrementally%s: %s", " with a shared prompt" if share else "", err)
         return False
     device = scorer.device
-    whole = [model(input_ids=torch.tensor([s], device=device)).logits[0, 0].float().item() for s in first + second]
-    if measured > 0:
+    whole = [model(input_ids=torch.tensor([s], device=device)).logits[0, 0].float().item()
+             for s in first + second + (third if share else [])]
+    if measured > 0 and not share:
         scorer.kv_bytes_per_token = measured
     return _close(got, whole, model)
 
@@ -253,20 +266,36 @@ class Feed(NamedTuple):
     item: int
 
 
+class Prefix(NamedTuple):
+    """A prompt's shared prefix held once for its candidates' rows (`RowCaches.pre`): its tokens and each layer's
+    (keys, values) [1, H, L, D]."""
+
+    group: int
+    ids: list[int]
+    layers: list[tuple[torch.Tensor, torch.Tensor]]
+
+    def nbytes(self) -> int:
+        return sum(k.nbytes + v.nbytes for k, v in self.layers)
+
+
 class RowCaches:
     """Reward-model caches of some scored sequences, one row each, that one forward serves.
 
     Row r holds its tokens `ids[r]` in `cache` at the columns that `mask` [r, C] marks 1, in order; the 0 columns
     are holes (columns fed for other rows, or held tokens dropped because the row's encoding changed there). Holes
     are never attended to and position ids count only real columns, so a row's cache is that of its tokens alone.
-    `scores[r]` is the score of `ids[r]`; `plan[r]` is the row's `Feed` while a call feeds it (None otherwise)."""
+    `scores[r]` is the score of `ids[r]`; `plan[r]` is the row's `Feed` while a call feeds it (None otherwise).
+    `pre[r]`: where a row's prompt is held once for its candidates (a slot of its session's `Prefix`es), the slot,
+    and the row's cache holds only the columns after it (`ids[r]` still spells the whole encoding); None: the row's
+    cache holds all its columns."""
 
     def __init__(self, config, cache: DynamicCache | None, mask: torch.Tensor, keys: list, groups: list[int],
-                 ids: list[list[int]], scores: list[float | None]):
+                 ids: list[list[int]], scores: list[float | None], pre: list[int | None] | None = None):
         self.config = config  # the reward model's, for new caches
         self.cache = cache  # None while the rows hold no column
         self.mask = mask  # [R, C] long
         self.keys, self.groups, self.ids, self.scores = keys, groups, ids, scores
+        self.pre = pre if pre is not None else [None] * len(keys)
         self.plan: list[Feed | None] = [None] * len(keys)
 
     @staticmethod
@@ -295,7 +324,8 @@ class RowCaches:
         t = torch.tensor(idx, dtype=torch.long, device=self.mask.device)
         cache = fork_cache(self.cache, t) if self.cache is not None else None
         out = RowCaches(self.config, cache, self.mask.index_select(0, t), [self.keys[i] for i in idx],
-                        [self.groups[i] for i in idx], [list(self.ids[i]) for i in idx], [self.scores[i] for i in idx])
+                        [self.groups[i] for i in idx], [list(self.ids[i]) for i in idx], [self.scores[i] for i in idx],
+                        [self.pre[i] for i in idx])
         out.plan = [self.plan[i] for i in idx]
         return out
 
@@ -308,7 +338,7 @@ class RowCaches:
         mask = torch.cat([torch.nn.functional.pad(p.mask, (width - p.width, 0)) for p in parts])
         out = RowCaches(parts[0].config, cache, mask, [k for p in parts for k in p.keys],
                         [g for p in parts for g in p.groups], [i for p in parts for i in p.ids],
-                        [s for p in parts for s in p.scores])
+                        [s for p in parts for s in p.scores], [s for p in parts for s in p.pre])
         out.plan = [f for p in parts for f in p.plan]
         return out
 
@@ -386,7 +416,8 @@ def fork(sources: list[tuple[RowCaches, int]]) -> tuple[RowCaches, list[int]]:
     picked = [sources[k] for k in order]
     out = RowCaches(first.config, cache_of(first.config, layers) if layers else None, mask,
                     [p.keys[r] for p, r in picked], [p.groups[r] for p, r in picked],
-                    [list(p.ids[r]) for p, r in picked], [p.scores[r] for p, r in picked])
+                    [list(p.ids[r]) for p, r in picked], [p.scores[r] for p, r in picked],
+                    [p.pre[r] for p, r in picked])
     out.plan = [p.plan[r] for p, r in picked]
     return out, order
 
@@ -422,15 +453,19 @@ class CachedScoring:
 
     PACK_FRACTION = 0.5
     MAX_LEVELS = 4  # levels of branches below a prompt's shared prefix, a forward each (`branch_tree`)
+    share_all = False  # hold every prompt's prefix once, whatever its size (the load-time probe; tests)
 
     def __init__(self, scorer: RewardModelScorer, meter: Meter):
         self.s, self.meter = scorer, meter
         self.parts: list[RowCaches] = []
+        self.prefixes: dict[int, Prefix] = {}  # slot -> a prompt's prefix its rows share (`RowCaches.pre`)
+        self.next_slot = 0
+        self.stacked: tuple[tuple, list] | None = None  # the last forward's prefixes stacked (slots, layers)
         self.leaving: set = set()  # keys to drop at the next release (final, or cut to the context)
         self.warned = False
 
     def cache_bytes(self) -> int:
-        return sum(p.nbytes() for p in self.parts)
+        return sum(p.nbytes() for p in self.parts) + sum(x.nbytes() for x in self.prefixes.values())
 
     def held(self) -> list:
         """The keys whose caches are held."""
@@ -478,13 +513,15 @@ class CachedScoring:
             parts.append(p)
         self.parts = parts
         free = device_free_bytes(self.s.device)
-        if free is None:
-            return
-        held = self.cache_bytes()
-        allowed = (free + held) * CACHE_MEMORY_FRACTION
-        while self.parts and held > allowed:
-            held -= self.parts.pop().nbytes()
-            self._warn_over()
+        if free is not None:
+            held = self.cache_bytes()
+            allowed = (free + held) * CACHE_MEMORY_FRACTION
+            while self.parts and held > allowed:
+                held -= self.parts.pop().nbytes()
+                self._warn_over()
+        used = {slot for p in self.parts for slot in p.pre}
+        self.prefixes = {slot: x for slot, x in self.prefixes.items() if slot in used}
+        self.stacked = None
 
     def _warn_over(self) -> None:
         if not self.warned:
@@ -501,6 +538,7 @@ class CachedScoring:
         out: list[float] = [0.0] * len(keys)
         where = {k: (p, r) for p in self.parts for r, k in enumerate(p.keys)}
         fresh: dict[int, list[int]] = defaultdict(list)  # prompt -> its items without a cache
+        stale = set()  # held keys whose encoding changed inside the prompt's shared prefix: fed afresh
         for i, (k, ids) in enumerate(zip(keys, encoded)):
             if final[i]:
                 self.leaving.add(k)
@@ -512,7 +550,17 @@ class CachedScoring:
                 out[i] = p.scores[r]
                 continue
             kept = min(len(os.path.commonprefix([p.ids[r], ids])), last_real(ids, self.s.head_pad))
+            if p.pre[r] is not None and kept < len(self.prefixes[p.pre[r]].ids):
+                stale.add(k)
+                fresh[groups[i]].append(i)
+                continue
             p.plan[r] = Feed(kept, i)
+        if stale:
+            parts = []
+            for q in self.parts:
+                stay = [r for r, k in enumerate(q.keys) if k not in stale]
+                parts += [q] if len(stay) == q.size else [q.take(stay)] if stay else []
+            self.parts = parts
         self._feed_held(encoded, free, out)
         self._feed_fresh(keys, groups, encoded, final, fresh, free, out)
         return out
@@ -523,7 +571,11 @@ class CachedScoring:
     def _fits(self, parts: list[RowCaches], encoded: list[list[int]], free: int | None) -> bool:
         new = max(self._new_tokens(p, encoded) for p in parts)
         rows = sum(p.size for p in parts)
-        return rows * new <= self.s.tokens_budget(free, new, max(p.width for p in parts))
+        return rows * new <= self.s.tokens_budget(free, new, max(self._columns(p) for p in parts))
+
+    def _columns(self, p: RowCaches) -> int:
+        """The most columns a row of p attends to before its new tokens: its cache's and its shared prefix's."""
+        return p.width + max((len(self.prefixes[slot].ids) for slot in p.pre if slot is not None), default=0)
 
     def _feed_held(self, encoded: list[list[int]], free: int | None, out: list[float]) -> None:
         """Feed the held rows planned this call: small caches joined, large ones split, to fit the budget."""
@@ -558,7 +610,7 @@ class CachedScoring:
         if self._fits([p], encoded, free):
             return [p]
         lengths = [len(encoded[f.item]) - f.kept if f is not None else 1 for f in p.plan]
-        budget = self.s.tokens_budget(free, max(lengths), p.width)
+        budget = self.s.tokens_budget(free, max(lengths), self._columns(p))
         return [p.take(rows) for rows in token_budget_batches(lengths, budget)]
 
     def _feed_fresh(self, keys: list, groups: list[int], encoded: list[list[int]], final: list[bool],
@@ -569,22 +621,36 @@ class CachedScoring:
         in a row of its own, forked from its deepest branch."""
         if not fresh:
             return
-        shared_of = {}
+        shared_of, held_prefix = {}, {}
         head = self.s.head_row.ids[0] if self.s.head_row is not None else []
         for g, idx in fresh.items():
+            slot = next((slot for slot, x in self.prefixes.items() if x.group == g and all(
+                encoded[i][: len(x.ids)] == x.ids and last_real(encoded[i], self.s.head_pad) >= len(x.ids)
+                for i in idx)), None)
+            if slot is not None:  # the prompt's prefix, held since an earlier call for its other rows
+                held_prefix[g], shared_of[g] = slot, len(self.prefixes[slot].ids)
+                continue
             shared = shared_prefix([encoded[i] for i in idx], self.s.head_pad) if len(idx) > 1 else 0
             if shared < self.s.MIN_SHARED:  # too short for a prefill of its own, but the template's head is held
                 shared = len(head) if head and all(encoded[i][: len(head)] == head and
                                                    last_real(encoded[i], self.s.head_pad) >= len(head)
                                                    for i in idx) else 0
             shared_of[g] = shared
-        seeds = self._seeds({g: encoded[idx[0]][: shared_of[g]] for g, idx in fresh.items()}, free)
+        seeds = self._seeds({g: encoded[idx[0]][: shared_of[g]] for g, idx in fresh.items() if g not in held_prefix},
+                            free)
+        for g, idx in fresh.items():
+            if g in held_prefix:
+                seeds[g] = (self._prefix_row(held_prefix[g]), 0)
+            elif seeds[g][0].cache is not None and self._worth_sharing(shared_of[g], len(idx)):
+                seeds[g] = (self._hold_prefix(*seeds[g]), 0)
+        apart = {g for g, (rows, r) in seeds.items() if rows.pre[r] is not None}  # rows hold no copy of the prefix
         items = [i for idx in fresh.values() for i in idx]
         lengths = [len(encoded[i]) - shared_of[groups[i]] for i in items]
         budget = self.s.tokens_budget(free, max(lengths), max(shared_of.values()))
         held = self.cache_bytes()
         allowed = math.inf if free is None else (free + held) * CACHE_MEMORY_FRACTION
-        for batch in self._keepable(token_budget_batches(lengths, budget), [shared_of[groups[i]] for i in items],
+        for batch in self._keepable(token_budget_batches(lengths, budget),
+                                    [0 if groups[i] in apart else shared_of[groups[i]] for i in items],
                                     lengths, allowed - held):
             by_group: dict[int, list[int]] = defaultdict(list)
             for b in batch:
@@ -597,6 +663,58 @@ class CachedScoring:
                 continue
             held += rows.nbytes()
             self.parts.append(rows)
+
+    def _worth_sharing(self, columns: int, rows: int) -> bool:
+        """Whether a prompt's prefix of `columns` tokens is held once for its `rows` fresh candidates rather than
+        copied into each one's cache: where the model shares it exactly (`RewardModelScorer.shares_prompt`) and the
+        copies would be worth it (`worth_sharing`, the decoder's rule)."""
+        if self.share_all:
+            return True
+        return self.s.shares_prompt and worth_sharing(columns, rows, self.s.kv_bytes_per_token, self.s.device)
+
+    def _hold_prefix(self, rows: RowCaches, r: int) -> RowCaches:
+        """Row r of `rows` (a seed: a prompt's prefix) held once in the session's prefixes; returns the row that
+        its candidates fork from, which holds no column."""
+        real = rows.mask[r].bool()
+        layers = [(k[r: r + 1][:, :, real].contiguous(), v[r: r + 1][:, :, real].contiguous())
+                  for k, v in layers_of(rows.cache)]
+        if int(real.sum()) != len(rows.ids[r]):
+            raise RuntimeError("CachedScoring: a seed's cache does not hold its tokens")
+        slot, self.next_slot = self.next_slot, self.next_slot + 1
+        self.prefixes[slot] = Prefix(rows.groups[r], list(rows.ids[r]), layers)
+        return self._prefix_row(slot)
+
+    def _prefix_row(self, slot: int) -> RowCaches:
+        x = self.prefixes[slot]
+        return RowCaches(self.s.model.config, None, torch.zeros((1, 0), dtype=torch.long, device=self.s.device),
+                         [None], [x.group], [list(x.ids)], [None], [slot])
+
+    def _prefix_view(self, p: RowCaches) -> tuple[SharedPrefixCache, torch.Tensor]:
+        """A shared-prefix cache over the prefixes that p's rows read (left-padded to the widest; a row without one
+        reads an empty one) and p's own columns after them, and the prefix columns' mask [R, Lp]."""
+        slots = tuple(dict.fromkeys(slot for slot in p.pre if slot is not None))
+        widths = [len(self.prefixes[slot].ids) for slot in slots] + ([0] if None in p.pre else [])
+        lp = max(widths)
+        if self.stacked is None or self.stacked[0] != (slots, lp, None in p.pre):
+            layers = []
+            for li in range(len(self.prefixes[slots[0]].layers)):
+                ks, vs = [], []
+                for slot, w in zip(slots, widths):
+                    k, v = self.prefixes[slot].layers[li]
+                    ks.append(torch.nn.functional.pad(k, (0, 0, lp - w, 0)))
+                    vs.append(torch.nn.functional.pad(v, (0, 0, lp - w, 0)))
+                if None in p.pre:
+                    ks.append(ks[0].new_zeros(ks[0].shape))
+                    vs.append(vs[0].new_zeros(vs[0].shape))
+                layers.append((torch.cat(ks), torch.cat(vs)))
+            self.stacked = ((slots, lp, None in p.pre), layers)
+        index = {slot: j for j, slot in enumerate(slots)}
+        at = [index[slot] if slot is not None else len(slots) for slot in p.pre]
+        device = p.mask.device
+        group = torch.tensor(at, dtype=torch.long, device=device)
+        width = torch.tensor(widths, dtype=torch.long, device=device)[group]  # [R]
+        pmask = (torch.arange(lp, device=device)[None, :] >= (lp - width)[:, None]).long()
+        return SharedPrefixCache.of_layers(self.stacked[1], group, layers_of(p.cache)), pmask
 
     def _keepable(self, batches: list[list[int]], shared: list[int], own: list[int], room: float) -> list[list[int]]:
         """`batches` of items (each `shared` columns from its prompt's seed, `own` of its own), the batch that would
@@ -683,6 +801,9 @@ class CachedScoring:
         feeds = [encoded[f.item][f.kept:] if f is not None else [] for f in p.plan]
         new = max(len(f) for f in feeds)
         keep = torch.tensor([f.kept if f is not None else len(ids) for f, ids in zip(p.plan, p.ids)], device=device)
+        view, pmask = self._prefix_view(p) if any(slot is not None for slot in p.pre) else (None, None)
+        if view is not None:
+            keep = keep - pmask.sum(1)  # of the row's own columns
         mask = p.mask * (p.mask.cumsum(1) <= keep[:, None])  # [R, C]: held tokens past the kept ones become holes
         fill = self.s.head_pad if self.s.head_pad is not None else 0
         ids = torch.full((p.size, new), fill, dtype=torch.long)
@@ -692,10 +813,19 @@ class CachedScoring:
                 ids[r, new - len(f):] = torch.tensor(f, dtype=torch.long)
                 block[r, new - len(f):] = 1
         mask = torch.cat([mask, block.to(device)], dim=1)  # [R, C + new]
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)[:, -new:]  # [R, new]: positions count only real columns
-        cache = p.cache if p.cache is not None else DynamicCache(config=model.config)
-        logits = model(input_ids=ids.to(device), attention_mask=mask, position_ids=pos, **cache_kw(model, cache),
-                       use_cache=True).logits[:, 0].float().cpu().tolist()
+        if view is not None:  # the prompts' prefixes read once per prompt, before each row's own columns
+            full = torch.cat([pmask, mask], dim=1)
+            pos = (full.cumsum(-1) - 1).clamp(min=0)[:, -new:]
+            logits = shared_forward(model, view, input_ids=ids.to(device), attention_mask=full, position_ids=pos,
+                                    use_cache=True).logits[:, 0].float().cpu().tolist()
+            # the own columns, out of the view's growing storage (its spare columns are not kept between calls)
+            cache = cache_of(model.config, [(layer.keys.contiguous(), layer.values.contiguous())
+                                            for layer in view.layers])
+        else:
+            pos = (mask.cumsum(-1) - 1).clamp(min=0)[:, -new:]  # [R, new]: positions count only real columns
+            cache = p.cache if p.cache is not None else DynamicCache(config=model.config)
+            logits = model(input_ids=ids.to(device), attention_mask=mask, position_ids=pos, **cache_kw(model, cache),
+                           use_cache=True).logits[:, 0].float().cpu().tolist()
         p.cache, p.mask = cache, mask
         fed = [r for r, f in enumerate(p.plan) if f is not None]
         for r in fed:
