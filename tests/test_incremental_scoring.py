@@ -437,3 +437,30 @@ def test_a_long_prompt_is_held_once_for_its_candidates():
     short = [Scored(0, [{"role": "user", "content": PROMPTS[0]}], t, [1], [2]) for t in texts]
     session.score(list(range(32)), short)
     assert not session.prefixes
+
+
+def test_held_and_fresh_rows_of_a_call_share_a_forward(monkeypatch):
+    """A call that scores held candidates (one prompt's second decision) and fresh ones (another prompt's first)
+    feeds the held rows in the fresh rows' last forward, where both fit: one forward fewer than feeding them apart
+    (on a device where a forward costs about the same at any width, what it bills). The scores are whole scoring's."""
+    scorer = scorer_with(PROMPT_FIRST)
+    ref = whole_scorer(scorer)
+    sizes: list[int] = []
+    forward = CachedScoring._forward
+    monkeypatch.setattr(CachedScoring, "_forward", lambda self, p, enc, out: (sizes.append(p.size),
+                                                                             forward(self, p, enc, out))[1])
+    prompts = [[{"role": "user", "content": PROMPTS[g]}] for g in range(2)]
+    first = [Scored(0, prompts[0], t, [1], [2]) for t in ("the dog", "a cat", "the field", "a student")]
+    session = scorer.session(Meter(2))
+    assert close(session.score([0, 1, 2, 3], first), ref(first, Meter(2)))
+    sizes.clear()
+    grown = [Scored(0, prompts[0], it.text + " quietly .", [1], [2]) for it in first]
+    new = [Scored(1, prompts[1], t, [1], [2]) for t in ("the cat", "a dog .", "repair the field")]
+    items = grown + new
+    assert close(session.score(list(range(7)), items), ref(items, Meter(2)))
+    assert sizes[-1] == 7 and 4 not in sizes  # the held rows went with the fresh ones' last forward
+    assert sorted(session.held()) == list(range(7))
+    sizes.clear()
+    again = [Scored(it.group, it.prompt, it.text + " a", [1], [2]) for it in items]
+    assert close(session.score(list(range(7)), again), ref(again, Meter(2)))
+    assert sizes == [7]  # held only: one forward

@@ -512,16 +512,25 @@ class CachedScoring:
                 p.mask = pack(p.cache, p.mask)
             parts.append(p)
         self.parts = parts
-        free = device_free_bytes(self.s.device)
-        if free is not None:
-            held = self.cache_bytes()
-            allowed = (free + held) * CACHE_MEMORY_FRACTION
-            while self.parts and held > allowed:
-                held -= self.parts.pop().nbytes()
-                self._warn_over()
+        self._trim(device_free_bytes(self.s.device))
         used = {slot for p in self.parts for slot in p.pre}
         self.prefixes = {slot: x for slot, x in self.prefixes.items() if slot in used}
         self.stacked = None
+
+    def _trim(self, free: int | None) -> None:
+        """Drop the last caches while those held pass CACHE_MEMORY_FRACTION of `free` bytes (the session's own
+        counted as free): their rows start from their prompt again at their next call."""
+        if free is None:
+            return
+        held = self.cache_bytes()
+        allowed = (free + held) * CACHE_MEMORY_FRACTION
+        if held > allowed:  # first the holes out (joins and stacks right-align rows of unequal widths)
+            for p in self.parts:
+                p.mask = pack(p.cache, p.mask)
+            held = self.cache_bytes()
+        while self.parts and held > allowed:
+            held -= self.parts.pop().nbytes()
+            self._warn_over()
 
     def _warn_over(self) -> None:
         if not self.warned:
@@ -561,8 +570,12 @@ class CachedScoring:
                 stay = [r for r, k in enumerate(q.keys) if k not in stale]
                 parts += [q] if len(stay) == q.size else [q.take(stay)] if stay else []
             self.parts = parts
-        self._feed_held(encoded, free, out)
-        self._feed_fresh(keys, groups, encoded, final, fresh, free, out)
+        pending = self._held_pieces(encoded, free)
+        self._feed_fresh(keys, groups, encoded, final, fresh, free, out, pending)
+        for piece in pending:  # those that no fresh rows' forward took along
+            self._forward(piece, encoded, out)
+            self.parts.append(piece)
+        self._trim(free)  # the held rows grew by what they were fed
         return out
 
     def _new_tokens(self, p: RowCaches, encoded: list[list[int]]) -> int:
@@ -577,8 +590,11 @@ class CachedScoring:
         """The most columns a row of p attends to before its new tokens: its cache's and its shared prefix's."""
         return p.width + max((len(self.prefixes[slot].ids) for slot in p.pre if slot is not None), default=0)
 
-    def _feed_held(self, encoded: list[list[int]], free: int | None, out: list[float]) -> None:
-        """Feed the held rows planned this call: small caches joined, large ones split, to fit the budget."""
+    def _held_pieces(self, encoded: list[list[int]], free: int | None) -> list[RowCaches]:
+        """The held rows planned this call, taken out of the parts (small caches joined, large ones split, to fit
+        the budget), to be fed by the caller: each in a forward of its own, or in the forward of a call's fresh rows
+        where both fit (`_feed_tree`): on a device where a forward costs about the same at any width, the
+        forwards are what it bills."""
         fed_now: list[RowCaches] = []  # caches whose every row is fed this call
         kept_apart: list[RowCaches] = []  # caches none of whose rows is
         for p in self.parts:
@@ -590,21 +606,19 @@ class CachedScoring:
             else:  # a call for some of its rows (e.g. one prompt's decision): the others wait apart, unfed
                 kept_apart.append(p.take([r for r, f in enumerate(p.plan) if f is None]))
                 fed_now.append(p.take(planned))
+        self.parts = kept_apart
         if not fed_now:
-            return
+            return []
         batches: list[list[RowCaches]] = []
         for p in fed_now:
             if batches and self._fits(batches[-1] + [p], encoded, free):
                 batches[-1].append(p)
             else:
                 batches.append([p])
-        fed = []
+        pieces = []
         for b in batches:
-            joined = RowCaches.stack(b) if len(b) > 1 else b[0]
-            for piece in self._split(joined, encoded, free):
-                self._forward(piece, encoded, out)
-                fed.append(piece)
-        self.parts = kept_apart + fed
+            pieces += self._split(RowCaches.stack(b) if len(b) > 1 else b[0], encoded, free)
+        return pieces
 
     def _split(self, p: RowCaches, encoded: list[list[int]], free: int | None) -> list[RowCaches]:
         if self._fits([p], encoded, free):
@@ -614,11 +628,12 @@ class CachedScoring:
         return [p.take(rows) for rows in token_budget_batches(lengths, budget)]
 
     def _feed_fresh(self, keys: list, groups: list[int], encoded: list[list[int]], final: list[bool],
-                    fresh: dict[int, list[int]], free: int | None, out: list[float]) -> None:
+                    fresh: dict[int, list[int]], free: int | None, out: list[float], pending: list[RowCaches]) -> None:
         """Feed the items without a cache, in batches within the budget: each prompt's shared prefix encoded once
         (a one-row seed), then the tokens that some of its items share beyond it, each branch of their tree fed once
         (`branch_tree`, level by level, a row per branch forked from its parent's), and each item's remaining tokens
-        in a row of its own, forked from its deepest branch."""
+        in a row of its own, forked from its deepest branch, in one forward with a piece of `pending` (held rows,
+        `_held_pieces`) where both fit the budget (that piece leaves `pending`, fed)."""
         if not fresh:
             return
         shared_of, held_prefix = {}, {}
@@ -647,7 +662,9 @@ class CachedScoring:
         items = [i for idx in fresh.values() for i in idx]
         lengths = [len(encoded[i]) - shared_of[groups[i]] for i in items]
         budget = self.s.tokens_budget(free, max(lengths), max(shared_of.values()))
-        held = self.cache_bytes()
+        grown = {id(p): p.nbytes() + p.size * self._new_tokens(p, encoded) * self.s.kv_bytes_per_token
+                 for p in pending}  # each held piece's bytes once fed (every row grows by the piece's new columns)
+        held = self.cache_bytes() + sum(grown.values())
         allowed = math.inf if free is None else (free + held) * CACHE_MEMORY_FRACTION
         for batch in self._keepable(token_budget_batches(lengths, budget),
                                     [0 if groups[i] in apart else shared_of[groups[i]] for i in items],
@@ -655,14 +672,22 @@ class CachedScoring:
             by_group: dict[int, list[int]] = defaultdict(list)
             for b in batch:
                 by_group[groups[items[b]]].append(items[b])
-            rows = self._feed_tree(by_group, seeds, shared_of, keys, encoded, out)
+            before = {id(p) for p in pending}
+            rows, took = self._feed_tree(by_group, seeds, shared_of, keys, encoded, out, pending, free)
+            if took:  # the piece it took along is counted in `rows` now
+                held -= sum(grown[k] for k in before - {id(p) for p in pending})
             if all(final[i] for i in (items[b] for b in batch)):
-                continue
-            if held + rows.nbytes() > allowed:  # kept within the caches' share of the memory, as `release` keeps
+                keep = False
+            elif held + rows.nbytes() > allowed:  # kept within the caches' share of the memory, as `release` keeps
                 self._warn_over()
-                continue
-            held += rows.nbytes()
-            self.parts.append(rows)
+                keep = False
+            else:
+                keep = True
+            if not keep and took:  # the held rows it took along stay held (they were before the call)
+                rows = rows.take(list(range(took)))
+            if keep or took:
+                held += rows.nbytes()
+                self.parts.append(rows)
 
     def _worth_sharing(self, columns: int, rows: int) -> bool:
         """Whether a prompt's prefix of `columns` tokens is held once for its `rows` fresh candidates rather than
@@ -736,9 +761,11 @@ class CachedScoring:
         return out
 
     def _feed_tree(self, by_group: dict[int, list[int]], seeds: dict[int, tuple[RowCaches, int]],
-                   shared_of: dict[int, int], keys: list, encoded: list[list[int]], out: list[float]) -> RowCaches:
+                   shared_of: dict[int, int], keys: list, encoded: list[list[int]], out: list[float],
+                   pending: list[RowCaches], free: int | None) -> tuple[RowCaches, int]:
         """One batch of fresh items (prompt -> its items): the branches of each prompt's tree fed level by level
-        from its seed, then every item's own tokens; returns the items' rows."""
+        from its seed, then every item's own tokens, with the last piece of `pending` (held rows) where both fit;
+        returns the rows fed last and how many of them (the first ones) are that piece's."""
         branches: list[Branch] = []
         below: dict[int, int] = {}  # item -> its deepest branch, -1 for its seed
         for g, idx in by_group.items():
@@ -766,8 +793,12 @@ class CachedScoring:
         idx = [idx[k] for k in order]
         rows.keys = [keys[i] for i in idx]
         rows.plan = [Feed(branches[below[i]].end if below[i] >= 0 else shared_of[group_of[i]], i) for i in idx]
+        took = 0
+        if pending and self._fits([pending[-1], rows], encoded, free):
+            took = pending[-1].size
+            rows = RowCaches.stack([pending.pop(), rows])
         self._forward(rows, encoded, out)
-        return rows
+        return rows, took
 
     def _seeds(self, prefixes: dict[int, list[int]], free: int | None) -> dict[int, tuple[RowCaches, int]]:
         """Each prompt's row holding its `prefixes[prompt]` (nothing where it is empty), fed and counted now: every
@@ -796,7 +827,7 @@ class CachedScoring:
 
     def _forward(self, p: RowCaches, encoded: list[list[int]], out: list[float]) -> None:
         """Feed each planned row of p its new tokens (after dropping the held tokens past the kept ones) and read
-        its score (every row of p is planned: `_feed_held` takes the planned rows apart)."""
+        its score (every row of p is planned: `_held_pieces` takes the planned rows apart)."""
         model, device = self.s.model, p.mask.device
         feeds = [encoded[f.item][f.kept:] if f is not None else [] for f in p.plan]
         new = max(len(f) for f in feeds)
