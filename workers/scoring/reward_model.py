@@ -22,7 +22,6 @@ from transformers.cache_utils import DynamicLayer
 
 from workers.accounting.cost import Meter
 from workers.accounting.memory import device_free_bytes
-from workers.decoding.shared_prefix import SharedPrefixCache, shared_forward, worth_sharing
 from workers.decoding.kvcache import (
     cache_kw,
     cache_of,
@@ -33,6 +32,7 @@ from workers.decoding.kvcache import (
     pack,
     stack_caches,
 )
+from workers.decoding.shared_prefix import SharedPrefixCache, shared_forward, worth_sharing
 from workers.scoring.items import (
     Scored,
     last_real,
@@ -436,14 +436,17 @@ class CachedScoring:
     for the prompt's new keys of the call (as RewardModelScorer does) from the template's head, which the scorer
     encodes once for every session, every prompt's prefix of the call in one forward (`_seeds`); the leading
     tokens that some of the prompt's new keys share beyond it are fed once too, the branches of a radix tree
-    (`branch_tree`, `_feed_tree`): at a first decision most candidates start alike ("The", "Sure,").
+    (`branch_tree`, `_feed_tree`): at a first decision most candidates start alike ("The", "Sure,"). Where a prompt's
+    copies in its candidates' caches would be worth sharing (`worth_sharing`, the decoder's rule) its prefix is held
+    once (`Prefix`, `RowCaches.pre`) and read by the decoder's shared-prefix attention, and the candidates' caches
+    hold only their own columns; a candidate without a cache later starts from it.
 
     New tokens are right-aligned in each forward, so every row's last column is its last token (what the head
     reads); the shorter rows' holes sit before their new tokens. Rows that one forward serves share one cache
     (`RowCaches`); a call takes the rows it scores out of a cache that also holds rows it does not (a decision for some
     prompts only), so that no row is fed hole columns for nothing, joins small caches and splits large ones to keep
-    each forward within the memory budget (`RewardModelScorer.tokens_budget`, the cached columns counted), and
-    packs out holes once they pass
+    each forward within the memory budget (`RewardModelScorer.tokens_budget`, the cached columns counted), feeds a
+    call's held rows in its fresh rows' last forward where both fit, and packs out holes once they pass
     PACK_FRACTION of a cache's columns. Keys leave in bulk (`release`, one selection per cache); `final` keys (a
     finished candidate's last score) are released at the next `release` too, and a batch made only of new final
     keys is never kept. Inputs cut to the reward model's context are scored whole and not kept (the cut moves).
