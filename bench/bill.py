@@ -38,7 +38,8 @@ Cases (`--cases`):
 Each case runs on the engines of `--engines` (hf, vllm; the reward model on transformers) for each n of `--ns`.
 `--gpus 1` runs the hf engine on a GPU (wall seconds are then the device's); `--reward-levels K` sets the reward
 session's radix-tree levels (a forward each, `CachedScoring.MAX_LEVELS`) to weigh reward forwards against reward
-tokens. Figures go to stdout as Markdown tables and, with `--json PATH`, to a file (docs/figures/, from which the docs'
+tokens; `--reward-prefix copy` copies every prompt's reward cache into its candidates' (the side that holding it
+once, the default, is measured against). Figures go to stdout as Markdown tables and, with `--json PATH`, to a file (docs/figures/, from which the docs'
 tables are rendered). The load average before and after is printed: this machine is shared.
 """
 
@@ -292,13 +293,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reward-levels", type=int, default=None,
                     help="levels of the fresh candidates' radix tree in the reward session (workers.scoring."
                          "reward_model.CachedScoring.MAX_LEVELS; a forward each): fewer forwards, more reward tokens")
+    ap.add_argument("--reward-prefix", choices=("rule", "copy"), default="rule",
+                    help="rule: the reward session holds a prompt's prefix once where its copies would take 4 MiB or "
+                         "more (workers.scoring.reward_model.CachedScoring.share_prompts); copy: in every candidate's "
+                         "cache, as before")
     ap.add_argument("--json", help="also write every figure to this file (its cases are added to those it holds)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    if args.reward_levels is not None:
-        from workers.scoring.reward_model import CachedScoring
+    from workers.scoring.reward_model import CachedScoring
 
+    if args.reward_levels is not None:
         CachedScoring.MAX_LEVELS = args.reward_levels
+    if args.reward_prefix == "copy":
+        CachedScoring.share_prompts = False
     device = torch.cuda.get_device_name() if args.gpus and torch.cuda.is_available() else "cpu"
     load = os.getloadavg()
     out: dict = {"prompts": args.prompts, "width": args.width, "threads": args.threads, "load_before": load,
@@ -318,7 +325,8 @@ def main(argv: list[str] | None = None) -> int:
                                 first="side"), flush=True)
                     got["setup"] = {"prompts": len(case.items), "width": width, "new_tokens": case.max_new_tokens,
                                     "repeats": args.repeats, "load": os.getloadavg(), "gpus": args.gpus,
-                                    "dtype": args.dtype, "device": device, "reward_levels": args.reward_levels}
+                                    "dtype": args.dtype, "device": device, "reward_levels": args.reward_levels,
+                                    "reward_prefix": args.reward_prefix}
                     out["cases"][f"{case.name} {engine} n={n}"] = got
     out["load_after"] = os.getloadavg()
     print(f"\nload average {out['load_before'][0]:.1f} -> {out['load_after'][0]:.1f}")

@@ -77,9 +77,9 @@ def test_incremental_scores_equal_whole_scores_over_rounds(template, batch_token
     word); some finish and leave after their last score, some are rejected; one is rewritten so that its encoding
     does not extend the cached one; a prompt with a single candidate has no shared prefix. Every call's scores equal
     whole scoring from scratch, the session holds exactly the candidates still running, and it feeds fewer tokens.
-    `share`: every prompt's prefix is held once for its candidates (`CachedScoring.share_all`; by default only
+    `share`: every prompt's prefix is held once for its candidates (`CachedScoring.share_prompts`; by default only
     where the copies would be worth it), and the rewritten candidate's encoding changes inside it."""
-    monkeypatch.setattr(CachedScoring, "share_all", share)
+    monkeypatch.setattr(CachedScoring, "share_prompts", True if share else None)
     rng = random.Random(0)
     scorer = scorer_with(template, batch_tokens)
     if max_len is not None:

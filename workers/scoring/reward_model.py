@@ -238,7 +238,7 @@ def incremental_is_exact(scorer: RewardModelScorer, share: bool = False) -> bool
     second = [first[0][:-1] + t[20:23], first[1] + t[23:25], t[25:31]]
     third = [second[1] + t[31:33], t[:5] + t[33:36], t[:12] + t[36:40]]
     session = CachedScoring(scorer, Meter(1))
-    session.share_all = share
+    session.share_prompts = True if share else None
     try:
         got = session.feed(["a", "b"], [0, 0], first, [False, False])
         measured = session.cache_bytes() // max(1, sum(p.size * p.width for p in session.parts))
@@ -456,7 +456,9 @@ class CachedScoring:
 
     PACK_FRACTION = 0.5
     MAX_LEVELS = 4  # levels of branches below a prompt's shared prefix, a forward each (`branch_tree`)
-    share_all = False  # hold every prompt's prefix once, whatever its size (the load-time probe; tests)
+    # None: hold a prompt's prefix once where `_worth_sharing` says; True: every prompt's (the load-time probe, tests);
+    # False: none (bench.bill --reward-prefix copy, the side it is measured against)
+    share_prompts: bool | None = None
 
     def __init__(self, scorer: RewardModelScorer, meter: Meter):
         self.s, self.meter = scorer, meter
@@ -675,10 +677,10 @@ class CachedScoring:
             by_group: dict[int, list[int]] = defaultdict(list)
             for b in batch:
                 by_group[groups[items[b]]].append(items[b])
-            before = {id(p) for p in pending}
+            last = pending[-1] if pending else None  # the piece `_feed_tree` may take along
             rows, took = self._feed_tree(by_group, seeds, shared_of, keys, encoded, out, pending, free)
-            if took:  # the piece it took along is counted in `rows` now
-                held -= sum(grown[k] for k in before - {id(p) for p in pending})
+            if took:  # that piece is counted in `rows` now
+                held -= grown[id(last)]
             if all(final[i] for i in (items[b] for b in batch)):
                 keep = False
             elif held + rows.nbytes() > allowed:  # kept within the caches' share of the memory, as `release` keeps
@@ -696,8 +698,8 @@ class CachedScoring:
         """Whether a prompt's prefix of `columns` tokens is held once for its `rows` fresh candidates rather than
         copied into each one's cache: where the model shares it exactly (`RewardModelScorer.shares_prompt`) and the
         copies would be worth it (`worth_sharing`, the decoder's rule)."""
-        if self.share_all:
-            return True
+        if self.share_prompts is not None:
+            return self.share_prompts
         return self.s.shares_prompt and worth_sharing(columns, rows, self.s.kv_bytes_per_token, self.s.device)
 
     def _hold_prefix(self, rows: RowCaches, r: int) -> RowCaches:
