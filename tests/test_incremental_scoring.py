@@ -150,7 +150,8 @@ def test_candidates_that_share_leading_tokens_feed_them_once():
     assert close(session.score(list("abcde"), items), ref(items, Meter(1)))
     distinct = {tuple(e[:k]) for e in encoded for k in range(shared + 1, len(e))}
     head = len(scorer.template_head)  # encoded by the scorer, charged to no prompt
-    assert int(meter.tokens["reward"].sum()) == shared - head + len(distinct) + len(items)
+    # the two identical candidates are one input: fed once, the second a copy of the first's row
+    assert int(meter.tokens["reward"].sum()) == shared - head + len(distinct) + len({tuple(e) for e in encoded})
     grown = [Scored(0, prompt, t + " a cat", [1], [2]) for t in texts]
     assert close(session.score(list("abcde"), grown), ref(grown, Meter(1)))
 
@@ -365,7 +366,7 @@ def test_a_call_for_some_prompts_feeds_only_their_rows():
     ref = whole_scorer(scorer)
     meter = Meter(2)
     session = scorer.session(meter)
-    texts = {(g, c): "the dog" for g in range(2) for c in range(3)}
+    texts = {(g, c): ["the dog", "a cat", "the field"][c] for g in range(2) for c in range(3)}
 
     def call(keys):
         items = [Scored(g, [{"role": "user", "content": PROMPTS[g]}], texts[(g, c)], [1], [2]) for g, c in keys]
@@ -464,3 +465,67 @@ def test_held_and_fresh_rows_of_a_call_share_a_forward(monkeypatch):
     again = [Scored(it.group, it.prompt, it.text + " a", [1], [2]) for it in items]
     assert close(session.score(list(range(7)), again), ref(again, Meter(2)))
     assert sizes == [7]  # held only: one forward
+
+
+def test_candidates_alike_are_fed_once_and_go_on_apart():
+    """Candidates of a prompt with the same encoding in a call (alike at a first decision, or grown alike since)
+    are one input: fed once, as scoring the distinct ones alone feeds, with one score; each that goes on holds a
+    copy of the cache fed, so that they grow apart with whole scoring's scores. Whole scoring scores them once too."""
+    scorer = scorer_with(PROMPT_FIRST)
+    ref = whole_scorer(scorer)
+    prompt = [{"role": "user", "content": PROMPTS[0]}]
+
+    def items(texts):
+        return [Scored(0, prompt, t, [1], [2]) for t in texts]
+
+    def fed(meter):
+        return int(meter.tokens["reward"].sum())
+
+    first = items(["the dog", "the dog", "a cat", "the dog"])
+    meter, alone = Meter(1), Meter(1)
+    session = scorer.session(meter)
+    got = session.score(list("abcd"), first)
+    assert close(got, ref(first, Meter(1))) and got[0] == got[1] == got[3]
+    scorer.session(alone).score(["a", "c"], [first[0], first[2]])
+    assert fed(meter) == fed(alone)
+    assert sorted(session.held()) == list("abcd")
+    whole, whole_alone = Meter(1), Meter(1)
+    ref(first, whole)
+    ref([first[0], first[2]], whole_alone)
+    assert fed(whole) == fed(whole_alone)
+
+    # a and b grew alike (held twins: fed once), d apart; c is final and leaves at the next release
+    before = fed(meter)
+    grown = items(["the dog repair", "the dog repair", "a cat .", "the dog quietly"])
+    got = session.score(list("abcd"), grown, final=[False, False, True, False])
+    assert close(got, ref(grown, Meter(1))) and got[0] == got[1]
+    old = [scorer.encode(it) for it in first]
+    new = [scorer.encode(it) for it in grown]
+    assert fed(meter) - before == sum(len(new[i]) - len(os.path.commonprefix([old[i], new[i]])) for i in (0, 2, 3))
+    session.release([])
+    assert sorted(session.held()) == list("abd")
+
+    # twins go on apart, each from its own copy; a final twin is scored and not kept
+    apart = items(["the dog repair the field", "the dog repair a cat", "the dog quietly"])
+    assert close(session.score(list("abd"), apart), ref(apart, Meter(1)))
+    last = items(["the dog repair the field .", "the dog repair the field .", "the dog quietly"])
+    got = session.score(list("abd"), last, final=[False, True, False])
+    assert close(got, ref(last, Meter(1))) and got[0] == got[1]
+    session.release([])
+    assert sorted(session.held()) == list("ad")
+
+
+def test_a_session_without_a_cache_scores_candidates_alike_once():
+    """Scorers that keep no state (a process reward, a python function, a bidirectional reward model) score a call's
+    candidates alike once per prompt: the same response tokens of another prompt are another input."""
+    calls: list[list[str]] = []
+
+    def score(items):
+        calls.append([it.text for it in items])
+        return [float(len(it.text) + 10 * it.group) for it in items]
+
+    prompt = [{"role": "user", "content": PROMPTS[0]}]
+    items = [Scored(0, prompt, "a", [], [1]), Scored(0, prompt, "a", [], [1]), Scored(1, prompt, "a", [], [1]),
+             Scored(0, prompt, "a b", [], [1, 2])]
+    assert Rescoring(score).score(list(range(4)), items) == [1.0, 1.0, 11.0, 3.0]
+    assert calls == [["a", "a", "a b"]]

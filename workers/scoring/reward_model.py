@@ -144,7 +144,14 @@ class RewardModelScorer:
 
     def score_encoded(self, groups: list[int], encoded: list[list[int]], meter: Meter) -> list[float]:
         """Scores of encoded sequences of prompts `groups`, each prompt's shared prefix encoded once per batch when
-        the model allows it, the others whole."""
+        the model allows it, the others whole; a prompt's sequences alike are scored once."""
+        first: dict[tuple, int] = {}
+        for i, (g, ids) in enumerate(zip(groups, encoded)):
+            first.setdefault((g, tuple(ids)), i)
+        if len(first) < len(encoded):
+            lead = list(first.values())
+            values = dict(zip(first, self.score_encoded([groups[i] for i in lead], [encoded[i] for i in lead], meter)))
+            return [values[(g, tuple(ids))] for g, ids in zip(groups, encoded)]
         free = device_free_bytes(self.device)
         out = [0.0] * len(encoded)
         whole: list[int] = []
@@ -552,10 +559,15 @@ class CachedScoring:
         out: list[float] = [0.0] * len(keys)
         where = {k: (p, r) for p in self.parts for r, k in enumerate(p.keys)}
         fresh: dict[int, list[int]] = defaultdict(list)  # prompt -> its items without a cache
-        stale = set()  # held keys whose encoding changed inside the prompt's shared prefix: fed afresh
+        gone = set()  # held keys fed afresh (encoding changed inside the prompt's shared prefix) or as twins
+        lead_of = self._twins(keys, groups, encoded, final, where)
         for i, (k, ids) in enumerate(zip(keys, encoded)):
             if final[i]:
                 self.leaving.add(k)
+            if i in lead_of:
+                if k in where:
+                    gone.add(k)
+                continue
             if k not in where:
                 fresh[groups[i]].append(i)
                 continue
@@ -565,14 +577,14 @@ class CachedScoring:
                 continue
             kept = min(len(os.path.commonprefix([p.ids[r], ids])), last_real(ids, self.s.head_pad))
             if p.pre[r] is not None and kept < len(self.prefixes[p.pre[r]].ids):
-                stale.add(k)
+                gone.add(k)
                 fresh[groups[i]].append(i)
                 continue
             p.plan[r] = Feed(kept, i)
-        if stale:
+        if gone:
             parts = []
             for q in self.parts:
-                stay = [r for r, k in enumerate(q.keys) if k not in stale]
+                stay = [r for r, k in enumerate(q.keys) if k not in gone]
                 parts += [q] if len(stay) == q.size else [q.take(stay)] if stay else []
             self.parts = parts
         pending = self._held_pieces(encoded, free)
@@ -580,8 +592,41 @@ class CachedScoring:
         for piece in pending:  # those that no fresh rows' forward took along
             self._forward(piece, encoded, out)
             self.parts.append(piece)
+        self._copy_twins(keys, final, lead_of, out)
         self._trim(free)  # the held rows grew by what they were fed
         return out
+
+    def _twins(self, keys: list, groups: list[int], encoded: list[list[int]], final: list[bool],
+               where: dict) -> dict[int, int]:
+        """Items of a call that another item of their prompt with the same encoding (the same response so far:
+        candidates alike at the first decisions, or after the same tokens since) stands for: twin -> its lead. The
+        lead is fed (or already holds that encoding's score); a twin is not, and takes the lead's score and, unless
+        final, a copy of its cache (`_copy_twins`). A lead is an item whose held row already has the encoding's
+        score if any, else one that is not final (its cache is kept), else the first."""
+        rank: dict[tuple, tuple[int, int]] = {}
+        unchanged = set()  # items whose held row already has their score: never a twin (nothing to save)
+        for i, (k, ids) in enumerate(zip(keys, encoded)):
+            sig = (groups[i], tuple(ids))
+            if k in where and where[k][0].ids[where[k][1]] == ids and where[k][0].scores[where[k][1]] is not None:
+                unchanged.add(i)
+            r = (0 if i in unchanged else 1 if not final[i] else 2, i)
+            rank[sig] = min(rank.get(sig, r), r)
+        return {i: rank[(groups[i], tuple(ids))][1] for i, ids in enumerate(encoded)
+                if i not in unchanged and rank[(groups[i], tuple(ids))][1] != i}
+
+    def _copy_twins(self, keys: list, final: list[bool], lead_of: dict[int, int], out: list[float]) -> None:
+        """Each twin's score is its lead's; a twin that goes on gets a copy of its lead's row, where that row is kept
+        (else it starts from its prompt at its next call, as a dropped row does)."""
+        where = {k: (p, r) for p in self.parts for r, k in enumerate(p.keys)}
+        copies = []
+        for i, lead in lead_of.items():
+            out[i] = out[lead]
+            if not final[i] and keys[lead] in where:
+                copies.append((i, where[keys[lead]]))
+        if copies:
+            rows, order = fork([src for _, src in copies])
+            rows.keys = [keys[copies[k][0]] for k in order]
+            self.parts.append(rows)
 
     def _new_tokens(self, p: RowCaches, encoded: list[list[int]]) -> int:
         return max((len(encoded[f.item]) - f.kept for f in p.plan if f is not None), default=0)

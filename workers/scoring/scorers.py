@@ -22,13 +22,23 @@ from workers.scoring.items import Scored, token_budget_batches
 
 
 class Rescoring:
-    """A session that scores every call afresh with `score(items) -> list[float]` (scorers that keep no state)."""
+    """A session that scores every call afresh with `score(items) -> list[float]` (scorers that keep no state).
+    Items of a prompt with the same response tokens in a call (candidates alike at a first decision) are one input,
+    scored once."""
 
     def __init__(self, score: Callable[[list[Scored]], list]):
         self._score = score
 
     def score(self, keys: Sequence[Hashable], items: list[Scored], final: Sequence[bool] | None = None) -> list:
-        return self._score(items) if items else []
+        if not items:
+            return []
+        first: dict[tuple, int] = {}
+        for i, it in enumerate(items):
+            first.setdefault((it.group, tuple(it.response_ids), it.text), i)
+        if len(first) == len(items):
+            return self._score(items)
+        values = dict(zip(first, self._score([items[i] for i in first.values()])))
+        return [values[(it.group, tuple(it.response_ids), it.text)] for it in items]
 
     @torch.inference_mode()
     def release(self, keys: Sequence[Hashable]) -> None:
