@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Callable, Hashable
 
 import torch
 
@@ -26,6 +27,19 @@ class Scored:
     response_ids: list[int]  # the response tokens under the target tokenizer
     concepts: list[str] | None = None
     logprob: float | None = None
+
+
+def once_per_input(inputs: list[Hashable], score: Callable[[list[int]], list]) -> list:
+    """Scores of items whose `inputs` say which are alike (a prompt's candidates with the same response so far,
+    common at the first decisions): `score(idx)` scores the first item of each input, and every item alike gets its
+    value."""
+    first: dict[Hashable, int] = {}
+    for i, x in enumerate(inputs):
+        first.setdefault(x, i)
+    if len(first) == len(inputs):
+        return score(list(range(len(inputs))))
+    values = dict(zip(first, score(list(first.values()))))
+    return [values[x] for x in inputs]
 
 
 def render(tokenizer, messages: list[dict], add_generation_prompt: bool) -> str:

@@ -36,6 +36,7 @@ from workers.decoding.shared_prefix import SharedPrefixCache, shared_forward, wo
 from workers.scoring.items import (
     Scored,
     last_real,
+    once_per_input,
     reward_input,
     reward_inputs,
     right_padded,
@@ -145,13 +146,10 @@ class RewardModelScorer:
     def score_encoded(self, groups: list[int], encoded: list[list[int]], meter: Meter) -> list[float]:
         """Scores of encoded sequences of prompts `groups`, each prompt's shared prefix encoded once per batch when
         the model allows it, the others whole; a prompt's sequences alike are scored once."""
-        first: dict[tuple, int] = {}
-        for i, (g, ids) in enumerate(zip(groups, encoded)):
-            first.setdefault((g, tuple(ids)), i)
-        if len(first) < len(encoded):
-            lead = list(first.values())
-            values = dict(zip(first, self.score_encoded([groups[i] for i in lead], [encoded[i] for i in lead], meter)))
-            return [values[(g, tuple(ids))] for g, ids in zip(groups, encoded)]
+        return once_per_input([(g, tuple(ids)) for g, ids in zip(groups, encoded)], lambda idx: self._score_distinct(
+            [groups[i] for i in idx], [encoded[i] for i in idx], meter))
+
+    def _score_distinct(self, groups: list[int], encoded: list[list[int]], meter: Meter) -> list[float]:
         free = device_free_bytes(self.device)
         out = [0.0] * len(encoded)
         whole: list[int] = []
@@ -446,7 +444,8 @@ class CachedScoring:
     (`branch_tree`, `_feed_tree`): at a first decision most candidates start alike ("The", "Sure,"). Where a prompt's
     copies in its candidates' caches would be worth sharing (`worth_sharing`, the decoder's rule) its prefix is held
     once (`Prefix`, `RowCaches.pre`) and read by the decoder's shared-prefix attention, and the candidates' caches
-    hold only their own columns; a candidate without a cache later starts from it.
+    hold only their own columns; a candidate without a cache later starts from it. A call's items of one prompt with
+    the same encoding (twins: candidates alike at a first decision, or grown alike since) are fed once (`_twins`).
 
     New tokens are right-aligned in each forward, so every row's last column is its last token (what the head
     reads); the shorter rows' holes sit before their new tokens. Rows that one forward serves share one cache

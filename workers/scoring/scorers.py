@@ -18,7 +18,7 @@ import torch
 from lexical import concept_coverage
 from workers.accounting.cost import Meter
 from workers.decoding.logprobs import response_logprobs
-from workers.scoring.items import Scored, token_budget_batches
+from workers.scoring.items import Scored, once_per_input, token_budget_batches
 
 
 class Rescoring:
@@ -32,13 +32,8 @@ class Rescoring:
     def score(self, keys: Sequence[Hashable], items: list[Scored], final: Sequence[bool] | None = None) -> list:
         if not items:
             return []
-        first: dict[tuple, int] = {}
-        for i, it in enumerate(items):
-            first.setdefault((it.group, tuple(it.response_ids), it.text), i)
-        if len(first) == len(items):
-            return self._score(items)
-        values = dict(zip(first, self._score([items[i] for i in first.values()])))
-        return [values[(it.group, tuple(it.response_ids), it.text)] for it in items]
+        return once_per_input([(it.group, tuple(it.response_ids), it.text) for it in items],
+                              lambda idx: self._score([items[i] for i in idx]))
 
     @torch.inference_mode()
     def release(self, keys: Sequence[Hashable]) -> None:
