@@ -19,25 +19,6 @@ ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("WINNOW_RAY_DASHBOARD", "0")
 
 
-# The modules that hold vLLM engines in the test process itself (up to 13 GB of a 24 GB machine at their peak here).
-VLLM_MODULES = {"test_vllm", "test_vllm_reward"}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def vllm_modules_one_at_a_time(request, tmp_path_factory):
-    """With `-n 2` (the README's test command; `--dist loadfile` in pyproject.toml: a module runs whole on one
-    worker, its engines made once) the modules that hold vLLM engines in the test process wait for each other (a
-    lock file beside the workers' temporary folders), never side by side."""
-    if request.module.__name__.rpartition(".")[2] not in VLLM_MODULES:
-        yield
-        return
-    import fcntl
-
-    with open(tmp_path_factory.getbasetemp().parent / "winnow-vllm-modules.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
-
-
 @pytest.fixture(scope="session")
 def ray_session():
     """A local Ray (2 CPUs, no dashboard) shared by every test that needs one; its address for subprocesses."""
