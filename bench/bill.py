@@ -33,14 +33,18 @@ Cases (`--cases`):
 - ``smollm2-rm-long``: the same with each instruction repeated to about 512 tokens: a prompt is scored once for its
   candidates, and reward tokens per generated token show what that leaves (the tiny trio's context is 256);
 - ``smollm2-rm-long-answers``: the same prompts with 256 new tokens by default (SmolLM2 rambles on them: about
-  half its answers reach the limit), where the responses, not the prompts, are most of what the reward model reads.
+  half its answers reach the limit), where the responses, not the prompts, are most of what the reward model reads;
+- ``tiny-prm``, ``smollm2-prm``: the tiny trio's and SmolLM2's cases with a process reward model (`kind: process`)
+  on the tiny reward's or SmolLM2's backbone under a seeded two-label head with a ``<step>`` tag (`seeded_prm`; its
+  scores mean nothing, its cost is its backbone's), steps split at blank lines.
 
 Each case runs on the engines of `--engines` (hf, vllm; the reward model on transformers) for each n of `--ns`.
 `--gpus 1` runs the hf engine on a GPU (wall seconds are then the device's); `--reward-levels K` sets the reward
 session's radix-tree levels (a forward each, `CachedScoring.MAX_LEVELS`) to weigh reward forwards against reward
 tokens; `--reward-prefix copy` copies every prompt's reward cache into its candidates' (the side that holding it
-once, the default, is measured against). Figures go to stdout as Markdown tables and, with `--json PATH`, to a file (docs/figures/, from which the docs'
-tables are rendered). The load average before and after is printed: this machine is shared.
+once, the default, is measured against); `--reward-session whole` scores every decision's candidates whole (the side
+a session is measured against; its cases are filed as ``CASE@whole``). Figures go to stdout as Markdown tables
+and, with `--json PATH`, to a file (docs/figures/, from which the docs' tables are rendered). The load average before and after is printed: this machine is shared.
 """
 
 from __future__ import annotations
@@ -148,7 +152,8 @@ class Case:
         self.name, self.models, self.items, self.max_new_tokens = name, models, items, max_new_tokens
         self.parameters = parameters
         reward = models["reward"]
-        self.prompt_tokens = reward_prompt_tokens(reward["path"], items) if reward["kind"] == "model" else 0
+        self.prompt_tokens = reward_prompt_tokens(reward["path"], items) if reward["kind"] in ("model", "process") \
+            else 0
 
     def config(self, method: dict, engine: str, width: int, out: str, kv_cache_mb: float | None = None,
                gpus: float = 0, dtype: str = "auto"):
@@ -239,26 +244,45 @@ def bench_case(case: Case, engine: str, n: int, width: int, repeats: int, tmp: s
     return out
 
 
+PRM_TAG = "<step>"
+
+
+def seeded_prm(out: Path, backbone: Path) -> Path:
+    """A process reward model on `backbone` under a seeded two-label head, with PRM_TAG added (built once per run):
+    its scores mean nothing, its cost is its backbone's."""
+    from assets import smollm2
+
+    return out if out.exists() else smollm2.build_seeded_reward(out, backbone, seed=1, num_labels=2,
+                                                                 step_tag=PRM_TAG)
+
+
 def make_cases(names: list[str], prompts: int, tmp: str, new_tokens: int | None = None) -> list[Case]:
     from runfolder.parameters import count_parameters
 
     cases = []
     for name in names:
-        if name == "tiny":
+        if name in ("tiny", "tiny-prm"):
             import assets
 
             target, reward = assets.resolve("builtin:tiny-target"), assets.resolve("builtin:tiny-reward")
-            cases.append(Case(name, {"target": target, "reward": {"kind": "model", "path": reward}},
-                              concept_items(prompts), new_tokens or 48,
-                              {"target": count_parameters(target), "reward": count_parameters(reward)}))
-        elif name in ("smollm2", "smollm2-rm", "smollm2-rm-long", "smollm2-rm-long-answers"):
+            spec = {"kind": "model", "path": reward}
+            if name == "tiny-prm":
+                spec = {"kind": "process", "path": str(seeded_prm(Path(tmp) / "tiny-prm", Path(reward))),
+                        "step_tag": PRM_TAG}
+            cases.append(Case(name, {"target": target, "reward": spec}, concept_items(prompts), new_tokens or 48,
+                              {"target": count_parameters(target), "reward": count_parameters(spec["path"])}))
+        elif name in ("smollm2", "smollm2-rm", "smollm2-rm-long", "smollm2-rm-long-answers", "smollm2-prm"):
             from assets import smollm2
 
             target = smollm2.ensure()
             models: dict = {"target": str(target), "reward": {"kind": "logprob"}}
             parameters = {"target": count_parameters(str(target))}
             items = real_items(prompts)
-            if name != "smollm2":
+            if name == "smollm2-prm":
+                reward = seeded_prm(Path(tmp) / "smollm2-prm", target)
+                models["reward"] = {"kind": "process", "path": str(reward), "step_tag": PRM_TAG}
+                parameters["reward"] = count_parameters(str(reward))
+            elif name != "smollm2":
                 reward = Path(tmp) / "smollm2-reward"
                 if not reward.exists():
                     smollm2.build_seeded_reward(reward, target)
@@ -277,8 +301,8 @@ def make_cases(names: list[str], prompts: int, tmp: str, new_tokens: int | None 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cases", default="tiny", help="comma-separated: tiny, smollm2, smollm2-rm, smollm2-rm-long, "
-                    "smollm2-rm-long-answers")
+    ap.add_argument("--cases", default="tiny", help="comma-separated: tiny, tiny-prm, smollm2, smollm2-rm, "
+                    "smollm2-rm-long, smollm2-rm-long-answers, smollm2-prm")
     ap.add_argument("--engines", default="hf", help="comma-separated: hf, vllm")
     ap.add_argument("--ns", default="32,128", help="Speculative Rejection's n (Best-of-N runs at n/4, n/2, n)")
     ap.add_argument("--prompts", type=int, default=64, help="prompts, all in one actor call")
@@ -297,11 +321,16 @@ def main(argv: list[str] | None = None) -> int:
                     help="rule: the reward session holds a prompt's prefix once where its copies would take 4 MiB or "
                          "more (workers.scoring.reward_model.CachedScoring.share_prompts); copy: in every candidate's "
                          "cache, as before")
+    ap.add_argument("--reward-session", choices=("cached", "whole"), default="cached",
+                    help="cached: a causal reward model or PRM keeps each candidate's cache between decisions; whole: "
+                         "every decision scores its candidates whole (workers.scoring.reward_model.RewardModelScorer."
+                         "incremental_sessions), the side a session is measured against")
     ap.add_argument("--json", help="also write every figure to this file (its cases are added to those it holds)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    from workers.scoring.reward_model import CachedScoring
+    from workers.scoring.reward_model import CachedScoring, RewardModelScorer
 
+    RewardModelScorer.incremental_sessions = args.reward_session == "cached"
     if args.reward_levels is not None:
         CachedScoring.MAX_LEVELS = args.reward_levels
     if args.reward_prefix == "copy":
@@ -326,8 +355,9 @@ def main(argv: list[str] | None = None) -> int:
                     got["setup"] = {"prompts": len(case.items), "width": width, "new_tokens": case.max_new_tokens,
                                     "repeats": args.repeats, "load": os.getloadavg(), "gpus": args.gpus,
                                     "dtype": args.dtype, "device": device, "reward_levels": args.reward_levels,
-                                    "reward_prefix": args.reward_prefix}
-                    out["cases"][f"{case.name} {engine} n={n}"] = got
+                                    "reward_prefix": args.reward_prefix, "reward_session": args.reward_session}
+                    name = case.name if args.reward_session == "cached" else f"{case.name}@whole"
+                    out["cases"][f"{name} {engine} n={n}"] = got
     out["load_after"] = os.getloadavg()
     print(f"\nload average {out['load_before'][0]:.1f} -> {out['load_after'][0]:.1f}")
     if args.json:

@@ -122,6 +122,34 @@ def reward_tokens(*cases: str) -> Callable[[], str]:
     return render
 
 
+def sessions(*cases: str) -> Callable[[], str]:
+    """Cases of bench.bill run twice, with the reward sessions (``CASE``) and scored whole at every call
+    (``CASE@whole``): each side's reward-model tokens and FLOPs (target and reward) both ways, and whether the two
+    runs made the same rows (the same mean best reward and generated tokens)."""
+
+    def render() -> str:
+        rows = []
+        for case in cases:
+            whole = {(engine, n): got for engine, n, got in bill_cases(f"{case}@whole")}
+            for engine, n, got in bill_cases(case):
+                before = whole[(engine, n)]
+                setup = got["setup"]
+                for side in sorted((k for k in got if k.startswith(("BoN-", "SR-"))),
+                                   key=lambda k: (k[:2], int(k.split("-")[1]))):
+                    a, b = before[side], got[side]
+                    same = a["mean_best_reward"] == b["mean_best_reward"] and a["generated_tokens"] == \
+                        b["generated_tokens"]
+                    rows.append([case, engine, f"{setup['prompts']} x {setup['new_tokens']}", side,
+                                 f"{b['generated_tokens']:,}", fmt(a["reward_per_generated"], 2),
+                                 f"**{fmt(b['reward_per_generated'], 2)}**", fmt(a["gflop"], 1), fmt(b["gflop"], 1),
+                                 fmt(a["cpu_s"], 1), fmt(b["cpu_s"], 1), "yes" if same else "NO"])
+        return md(["case", "engine", "prompts x new tokens", "side", "generated tokens",
+                   "reward tok / gen tok, whole", "with sessions", "GFLOP, whole", "with sessions",
+                   "CPU s, whole", "with sessions", "same rows"], rows)
+
+    return render
+
+
 def bill_gpu() -> str:
     """bench.bill on a GPU (`--gpus 1`): SR against Best-of-N in decoding steps, in steps and reward forwards (what
     a launch-bound device bills) and in wall seconds, the device's."""
@@ -181,6 +209,7 @@ RENDER: dict[str, Callable[[], str]] = {
     **{f"bill-{case}": bill(case) for case in ("tiny", "smollm2")},
     "bill-smollm2-rm": reward_tokens("smollm2-rm"),
     "bill-smollm2-rm-long": reward_tokens("smollm2-rm-long", "smollm2-rm-long-answers"),
+    "bill-prm": sessions("tiny-prm", "smollm2-prm"),
 }
 
 

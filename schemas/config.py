@@ -74,7 +74,9 @@ class ProcessReward(ModelReward):
         "schedules its own)."
     )
     engine: Literal["hf", "vllm"] = Field(
-        "hf", description="What runs the PRM. 'hf': transformers on the actor's device, every call scored whole. "
+        "hf", description="What runs the PRM. 'hf': transformers on the actor's device; a causal PRM keeps each "
+        "candidate's cache and its steps' scores between Speculative Rejection's decisions, so a decision feeds it the "
+        "tokens since the last one (others are scored whole at every call). "
         "'vllm': a vLLM pooling engine on the actor (task token_classify), every call scored whole (vLLM 0.32 "
         "caches no prefix for per-token outputs). With either models.engine; needs vLLM (docs/vllm.md)."
     )

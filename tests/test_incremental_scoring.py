@@ -192,8 +192,8 @@ def test_the_prompts_of_a_call_are_seeded_in_one_forward(monkeypatch):
     items = [Scored(g, prompts[g], text, [1], [2]) for g in range(3) for text in ("the dog", "a cat .")]
     sizes: list[int] = []
     forward = CachedScoring._forward
-    monkeypatch.setattr(CachedScoring, "_forward", lambda self, p, enc, out: (sizes.append(p.size),
-                                                                             forward(self, p, enc, out))[1])
+    monkeypatch.setattr(CachedScoring, "_forward", lambda self, p, enc, out, counts=None: (
+        sizes.append(p.size), forward(self, p, enc, out, counts))[1])
     meter = Meter(3)
     assert close(scorer.session(meter).score(list(range(6)), items), ref(items, Meter(3)))
     assert sizes[0] == 3 and 3 not in sizes[1:]  # the seeds: one row per prompt, one forward
@@ -448,8 +448,8 @@ def test_held_and_fresh_rows_of_a_call_share_a_forward(monkeypatch):
     ref = whole_scorer(scorer)
     sizes: list[int] = []
     forward = CachedScoring._forward
-    monkeypatch.setattr(CachedScoring, "_forward", lambda self, p, enc, out: (sizes.append(p.size),
-                                                                             forward(self, p, enc, out))[1])
+    monkeypatch.setattr(CachedScoring, "_forward", lambda self, p, enc, out, counts=None: (
+        sizes.append(p.size), forward(self, p, enc, out, counts))[1])
     prompts = [[{"role": "user", "content": PROMPTS[g]}] for g in range(2)]
     first = [Scored(0, prompts[0], t, [1], [2]) for t in ("the dog", "a cat", "the field", "a student")]
     session = scorer.session(Meter(2))

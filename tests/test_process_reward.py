@@ -141,6 +141,51 @@ def test_speculative_rejection_rejects_on_the_prms_partial_rewards(prm, loaded):
         assert row["cost"]["reward_tokens"] > 0
 
 
+@pytest.mark.parametrize("aggregate", ["min", "last", "product"])
+def test_a_session_feeds_only_what_is_new_and_scores_as_whole_scoring(loaded, aggregate):
+    """A causal PRM scores incrementally: across calls its candidates grow (an unfinished step longer, new steps),
+    some alike, some final or gone, and the session's rewards are whole scoring's while it feeds a fraction of its
+    tokens: each step's tag keeps the score it had."""
+    rule = scorer(loaded, aggregate=aggregate)
+    assert rule.incremental and rule.shares_prefix
+    words = "once upon a time there was a dog who ran home fast and sat".split()
+    rng = __import__("random").Random(0)
+    texts = {(g, c): "" for g in range(2) for c in range(5)}
+    session_meter, whole = Meter(2), Meter(2)
+    session = rule.session(session_meter)
+    for call in range(7):
+        if call:
+            for k in list(texts):
+                texts[k] += rng.choice([" ", " ", "\n\n"]) + rng.choice(words)
+            texts[(1, 0)] = texts[(1, 1)]  # twins: alike from here on
+        keys = sorted(texts)
+        final = [call == 6 or (call == 3 and k == (0, 4)) for k in keys]
+        it = [Scored(g, [{"role": "user", "content": f"a story {g}"}], texts[(g, c)], [], []) for g, c in keys]
+        got, want = session.score(keys, it, final), rule(it, whole)
+        assert all(abs(a - b) <= 1e-6 for a, b in zip(got, want)), (call, got, want)
+        session.release([k for k, f in zip(keys, final) if f])
+        texts = {k: t for k, t, f in zip(keys, [texts[k] for k in keys], final) if not f}
+    assert len(set(round(x, 6) for x in want)) >= 3
+    assert 0 < session_meter.tokens["reward"].sum() < whole.tokens["reward"].sum() / 3, (
+        session_meter.tokens["reward"].sum(), whole.tokens["reward"].sum())
+
+
+def test_speculative_rejection_with_a_prm_decides_as_whole_scoring_would(prm, monkeypatch):
+    """Speculative Rejection's rows with the PRM's sessions are those of a PRM scored whole at every decision (a
+    model whose probe fails), for fewer PRM tokens."""
+    rows = Runner(sr(prm)).run(demo_items(3))
+    monkeypatch.setattr(ProcessRewardScorer, "prefix_probe", lambda self: False)
+    whole = Runner(sr(prm)).run(demo_items(3))
+    for a, b in zip(rows, whole):
+        assert [(c["text"], c["finish_reason"]) for c in a["candidates"]] == \
+            [(c["text"], c["finish_reason"]) for c in b["candidates"]]
+        assert a["best_reward"] == pytest.approx(b["best_reward"], abs=1e-6)
+        assert [p for c in a["candidates"] for p in c["partial_rewards"]] == pytest.approx(
+            [p for c in b["candidates"] for p in c["partial_rewards"]], abs=1e-6)
+    fed, again = (sum(r["cost"]["reward_tokens"] for r in x) for x in (rows, whole))
+    assert fed < again / 2, (fed, again)
+
+
 def test_a_process_reward_counts_its_cut_inputs_and_its_rows_carry_the_count(prm, loaded):
     """Issue 30: a PRM cuts an input longer than its context to its end and counts the cut, and its rows carry
     stats.reward_inputs_truncated (it was written for the plain reward model only)."""

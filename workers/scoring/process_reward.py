@@ -10,9 +10,10 @@ A partial response (Speculative Rejection's decisions) is scored the same way, i
 early rejection with a partial reward. A reward input longer than the PRM's context keeps its end, and with it the
 tags of its last steps only (counted in stats.reward_inputs_truncated).
 
-`ProcessRewardScorer` runs the PRM with transformers; `workers.scoring.vllm_reward.VllmRewardScorer` serves it on a
-vLLM pooling engine (token_classify) with the same `Steps`. Both score every call whole: no cache is kept between
-calls.
+`ProcessRewardScorer` runs the PRM with transformers, and a causal one incrementally: a session keeps each candidate's
+cache and its steps' scores between decisions, so a decision feeds the tokens generated since the last one
+(the reward model's `CachedScoring`). `workers.scoring.vllm_reward.VllmRewardScorer` serves it on a vLLM pooling
+engine (token_classify) with the same `Steps`, every call scored whole.
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ from dataclasses import dataclass
 import torch
 
 from workers.accounting.cost import Meter
-from workers.decoding.kvcache import context_length
-from workers.scoring.items import Scored, reward_inputs, right_padded, token_budget_batches
-from workers.scoring.scorers import Rescoring
+from workers.accounting.memory import device_free_bytes
+from workers.scoring.items import Scored, once_per_input, reward_inputs, right_padded, token_budget_batches
+from workers.scoring.reward_model import RewardModelScorer
 
 
 @dataclass(frozen=True)
@@ -75,15 +76,25 @@ class Steps:
         """The reward of one input from its per-token logits [L, labels]: each of its last `steps` tags' scores
         aggregated (fewer where the input was cut; none left: the last token read as the one step)."""
         at = [i for i, t in enumerate(ids) if t == tag_id][-steps:] or [len(ids) - 1]
-        picked = logits[at].double()
+        return self.aggregated(self.step_scores(logits[at]))
+
+    def step_scores(self, picked: torch.Tensor) -> list[float]:
+        """The scores of steps from the PRM's logits at their tags [S, labels]: the softmax probability of `label`
+        (two labels or more) or the sigmoid of the logit (one label), in float64."""
+        picked = picked.double()
         scores = picked.softmax(-1)[:, self.label] if picked.shape[-1] > 1 else picked[:, 0].sigmoid()
+        return scores.tolist()
+
+    def aggregated(self, scores: list[float]) -> float:
+        """The reward of a response from its steps' scores (min, product, mean or last)."""
+        t = torch.tensor(scores, dtype=torch.float64)
         if self.aggregate == "min":
-            return float(scores.min())
+            return float(t.min())
         if self.aggregate == "product":
-            return float(scores.prod())
+            return float(t.prod())
         if self.aggregate == "mean":
-            return float(scores.mean())
-        return float(scores[-1])
+            return float(t.mean())
+        return float(t[-1])
 
     def check_label(self, num_labels: int, field: str = "models.reward.label") -> None:
         top = max(num_labels - 1, 0)
@@ -108,36 +119,95 @@ def per_token_logits(model, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tens
     return model(input_ids=ids, attention_mask=mask).logits
 
 
-class ProcessRewardScorer:
-    """A process reward model on transformers, batched under `batch_tokens` (rows x padded length)."""
+class ProcessRewardScorer(RewardModelScorer):
+    """A process reward model on transformers: whole scoring batched under the reward model's memory budget (capped
+    by `batch_tokens`), and sessions that keep each candidate's PRM cache and its steps' scores between calls.
 
-    cuts_inputs = True  # an input longer than the PRM's context keeps its end
-    session_kv_bytes_per_token = 0  # every call is scored whole
+    A causal PRM reads a step's tag with the tokens before it only, so what a candidate held at its last decision
+    keeps its steps' scores: a session (`session`, the reward model's `CachedScoring`) feeds the tokens since then
+    (the last, unfinished step again from where its encoding changed, then the new steps and their tags) and reads
+    the new tags; a row's state (`advance`) is the scores of the tags it holds, by position, and its last token's.
+    Whether the model scores so exactly is what the reward model's load-time probes say (`incremental`), run here on
+    tokens with tags among them and against the PRM's own whole scores (`whole_value`); a model that fails them is
+    scored whole at every call."""
 
-    def __init__(self, model, tokenizer, steps: Steps, batch_tokens: int, role: str = "reward"):
-        if type(model).__name__.endswith("ForSequenceClassification") and not isinstance(
-                getattr(model, "score", None), torch.nn.Module):
+    def __init__(self, model, tokenizer, steps: Steps, batch_tokens: int | None, role: str = "reward"):
+        self.reads_hidden = type(model).__name__.endswith("ForSequenceClassification")
+        if self.reads_hidden and not isinstance(getattr(model, "score", None), torch.nn.Module):
             raise ValueError(f"models.reward.path: {type(model).__name__} has no `score` head to read at every token; "
                              "give a token-classification checkpoint")
-        self.model, self.tok, self.steps, self.batch_tokens, self.role = model, tokenizer, steps, batch_tokens, role
         steps.check_label(model.config.num_labels)
+        self.steps = steps
         self.tag_id = steps.tag_id(tokenizer)
-        self.device = next(model.parameters()).device
-        self.max_len = context_length(model.config)
+        super().__init__(model, tokenizer, batch_tokens, role)
+        self.shares_prefix = self.incremental  # its probe fed a shared prefix; whole scoring reads every token
+
+    def encode_all(self, items: list[Scored], meter: Meter) -> tuple[list[list[int]], set[int]]:
+        """Every item's PRM input, its steps tagged (`Steps.tagged`), cut to the context where longer."""
+        return reward_inputs(self.tok, self.max_len, items, meter, [self.steps.tagged(it.text) for it in items])
+
+    def counts(self, items: list[Scored]) -> list[int]:
+        """Each item's steps: the reward aggregates the scores of its last that many tags."""
+        return [len(self.steps.split(it.text)) for it in items]
 
     @torch.inference_mode()
     def __call__(self, items: list[Scored], meter: Meter) -> list[float]:
         if not items:
             return []
-        encoded, counts = self.steps.inputs(self.tok, self.max_len, items, meter)
-        out = [math.nan] * len(items)
-        for batch in token_budget_batches([len(e) for e in encoded], self.batch_tokens):
-            ids, mask = right_padded([encoded[i] for i in batch], self.tok.pad_token_id)
+        encoded, _ = self.encode_all(items, meter)
+        return self.score_encoded([it.group for it in items], encoded, meter, self.counts(items))
+
+    def score_encoded(self, groups: list[int], encoded: list[list[int]], meter: Meter,
+                      counts: list[int] | None = None) -> list[float]:
+        """Rewards of whole inputs (`counts`: their steps), each read in full; a prompt's inputs alike once."""
+        counts = counts if counts is not None else [len(ids) for ids in encoded]  # every tag
+        return once_per_input([(g, tuple(ids), c) for g, ids, c in zip(groups, encoded, counts)],
+                              lambda idx: self._whole([groups[i] for i in idx], [encoded[i] for i in idx],
+                                                      [counts[i] for i in idx], meter))
+
+    def _whole(self, groups: list[int], encoded: list[list[int]], counts: list[int], meter: Meter) -> list[float]:
+        out = [math.nan] * len(encoded)
+        lengths = [len(e) for e in encoded]
+        budget = self.tokens_budget(device_free_bytes(self.device), max(lengths))
+        for batch in token_budget_batches(lengths, budget):
+            ids, mask = right_padded([encoded[i] for i in batch], self.pad)
             logits = per_token_logits(self.model, ids.to(self.device), mask.to(self.device)).float().cpu()
             for row, i in enumerate(batch):
                 out[i] = self.steps.reward(logits[row, : len(encoded[i])], encoded[i], self.tag_id, counts[i])
-            meter.count_forward(self.role, torch.tensor([items[i].group for i in batch]), mask.sum(-1))
+            meter.count_forward(self.role, torch.tensor([groups[i] for i in batch]), mask.sum(-1))
         return out
 
-    def session(self, meter: Meter) -> Rescoring:
-        return Rescoring(lambda items: self(items, meter))
+    # -- a session's rows: the scores of the tags they hold --------------------------------------------------------
+    def outputs(self, run) -> torch.Tensor:
+        """Per-token logits [R, new, labels] of a forward's rows: a token classifier's own, or a sequence
+        classifier's head applied to every token of its backbone's output (`per_token_logits`)."""
+        if self.reads_hidden:
+            return self.model.score(run(self.model.base_model).last_hidden_state).float().cpu()
+        return run(self.model).logits.float().cpu()
+
+    def advance(self, state, kept: int, fed: list[int], out: torch.Tensor):
+        """A row's state, (its tags' scores by position, its last token's score): the tags among the first `kept`
+        tokens keep theirs; the fed tokens' tags and the last token are read from `out`'s last len(fed) rows."""
+        tags = tuple(t for t in (state[0] if state is not None else ()) if t[0] < kept)
+        at = [j for j, t in enumerate(fed) if t == self.tag_id]
+        off = out.shape[0] - len(fed)
+        picked = self.steps.step_scores(out[[off + j for j in at] + [out.shape[0] - 1]])
+        return tags + tuple(zip((kept + j for j in at), picked[:-1])), picked[-1]
+
+    def value(self, state, count: int | None = None) -> float:
+        """The reward: the scores of the last `count` tags (every tag where None) aggregated, or the last token's
+        where it holds none (as `Steps.reward` reads an input whose tags were cut)."""
+        scores = [s for _, s in state[0]]
+        scores = scores[-count:] if count is not None else scores
+        return self.steps.aggregated(scores or [state[1]])
+
+    def probe_tokens(self, count: int) -> list[int]:
+        """The reward model's probe tokens with the tag at every fourth."""
+        return [self.tag_id if k % 4 == 3 else t for k, t in enumerate(super().probe_tokens(count))]
+
+    def prefix_probe(self) -> bool:
+        """The incremental probe that follows decides for both: it feeds a prefix shared by two rows."""
+        return True
+
+    def head_holds_no_score(self) -> bool:
+        return self.tag_id not in self.template_head

@@ -72,6 +72,9 @@ class RewardModelScorer:
     """
 
     MIN_SHARED = 8  # shorter shared prefixes are not worth a separate prefill
+    # False: sessions score every call whole even where the model scores incrementally (bench.bill --reward-session
+    # whole, the side that a session is measured against)
+    incremental_sessions = True
     cuts_inputs = True  # an input longer than the context keeps its end
 
     def __init__(self, model, tokenizer, batch_tokens: int | None, meter_role: str = "reward"):
@@ -89,23 +92,24 @@ class RewardModelScorer:
         self.template_head = template_head(tokenizer)  # what every prompt's encoding starts with (a session's once)
         self.head_row: RowCaches | None = None  # set below, once the model is known to score incrementally
         self.shares_prompt = False  # until the probe below says
-        self.shares_prefix = prefix_sharing_is_exact(model, self.pad)
+        self.shares_prefix = self.prefix_probe()
         self.incremental = self.shares_prefix and incremental_is_exact(self)
         # whether a session may hold a prompt's prefix once for its candidates (`CachedScoring._worth_sharing`)
         self.shares_prompt = self.incremental and incremental_is_exact(self, share=True)
         # the template's head, encoded once here (a load-time cost, as the probes are, charged to no prompt, so that
         # a prompt's cost does not depend on which prompts shared its session): every session's prompts start from it
         self.head_row = RowCaches.encoded(model, self.template_head) if self.incremental and self.template_head \
-            else None
+            and self.head_holds_no_score() else None
         # what a session keeps per token of a running candidate: its cache, where it keeps one
-        self.session_kv_bytes_per_token = self.kv_bytes_per_token if self.incremental else 0
+        self.session_kv_bytes_per_token = self.kv_bytes_per_token if self.incremental and self.incremental_sessions \
+            else 0
         log.info("reward model %s", "keeps each candidate's cache between calls" if self.incremental else
                  "caches the shared prompt prefix" if self.shares_prefix else "scores whole sequences")
 
     def session(self, meter: Meter):
         """A scoring session for candidates scored again as they grow: CachedScoring when `incremental`, else one
         that scores every call afresh (Rescoring)."""
-        if self.incremental:
+        if self.incremental and self.incremental_sessions:
             return CachedScoring(self, meter)
         return Rescoring(lambda items: self(items, meter))
 
@@ -115,6 +119,45 @@ class RewardModelScorer:
     def encode_all(self, items: list[Scored], meter: Meter) -> tuple[list[list[int]], set[int]]:
         """Every item's reward input, cut to the context where longer (`items.reward_inputs`)."""
         return reward_inputs(self.tok, self.max_len, items, meter)
+
+    # -- what a forward's outputs make of a row: what a session keeps of it (its *state*) and its score --------------
+    # A session (CachedScoring) keeps each row's state with its cache; a sequence-classification head reads the last
+    # token, so the state is the score itself. A process reward model (workers.scoring.process_reward) reads every
+    # step's tag and keeps their scores.
+    def counts(self, items: list[Scored]) -> list[int] | None:
+        """What `value` needs of each item beyond its row's state (a PRM's steps); None: nothing."""
+        return None
+
+    def outputs(self, run) -> list:
+        """The head's outputs of one forward, row by row; `run(m)` calls the model or its backbone `m` with the
+        forward's inputs (their new tokens right-aligned): here each row's score, at its last token."""
+        return run(self.model).logits[:, 0].float().cpu().tolist()
+
+    def advance(self, state, kept: int, fed: list[int], out):
+        """A row's state once `fed` follows the first `kept` tokens of what it held (state `state`), from its row
+        of `outputs` (`fed` in its last columns)."""
+        return out
+
+    def value(self, state, count: int | None = None) -> float:
+        """The score of a row in `state`; `count`: its item's entry of `counts` (None: no item's)."""
+        return state
+
+    def whole_value(self, ids: list[int]) -> float:
+        """The score of `ids` in one forward of its own, no cache: what the probes compare a session with."""
+        t = torch.tensor([ids], device=self.device)
+        return self.value(self.advance(None, 0, ids, self.outputs(lambda m: m(input_ids=t))[0]))
+
+    def probe_tokens(self, count: int) -> list[int]:
+        """`count` fixed tokens for the load-time probes."""
+        return _probe_tokens(self.model, self.head_pad, count)
+
+    def prefix_probe(self) -> bool:
+        """Whether the model scores a shared prefix's cache exactly (`prefix_sharing_is_exact`)."""
+        return prefix_sharing_is_exact(self.model, self.pad)
+
+    def head_holds_no_score(self) -> bool:
+        """Whether the template's head holds nothing `value` reads (a session's rows start from its cache)."""
+        return True
 
     def forward_bytes(self, rows: int, new: int, cached: int) -> int:
         """Peak bytes of one scoring forward of `rows` sequences feeding `new` tokens each over `cached` columns of
@@ -143,9 +186,10 @@ class RewardModelScorer:
         encoded, _ = self.encode_all(items, meter)
         return self.score_encoded([it.group for it in items], encoded, meter)
 
-    def score_encoded(self, groups: list[int], encoded: list[list[int]], meter: Meter) -> list[float]:
+    def score_encoded(self, groups: list[int], encoded: list[list[int]], meter: Meter,
+                      counts: list[int] | None = None) -> list[float]:
         """Scores of encoded sequences of prompts `groups`, each prompt's shared prefix encoded once per batch when
-        the model allows it, the others whole; a prompt's sequences alike are scored once."""
+        the model allows it, the others whole; a prompt's sequences alike are scored once (`counts`: unused)."""
         return once_per_input([(g, tuple(ids)) for g, ids in zip(groups, encoded)], lambda idx: self._score_distinct(
             [groups[i] for i in idx], [encoded[i] for i in idx], meter))
 
@@ -238,7 +282,7 @@ def incremental_is_exact(scorer: RewardModelScorer, share: bool = False) -> bool
     model = scorer.model
     if any(type(layer) is not DynamicLayer for layer in DynamicCache(config=model.config).layers):
         return False  # sliding-window and other layer kinds keep their own column bookkeeping
-    t = _probe_tokens(model, scorer.head_pad, 40)
+    t = scorer.probe_tokens(40)
     first = [t[:16], t[:12] + t[16:19]]
     second = [first[0][:-1] + t[20:23], first[1] + t[23:25], t[25:31]]
     third = [second[1] + t[31:33], t[:5] + t[33:36], t[:12] + t[36:40]]
@@ -255,9 +299,7 @@ def incremental_is_exact(scorer: RewardModelScorer, share: bool = False) -> bool
     except (TypeError, ValueError, RuntimeError, AttributeError, IndexError, NotImplementedError) as err:
         log.info("reward model cannot score incrementally%s: %s", " with a shared prompt" if share else "", err)
         return False
-    device = scorer.device
-    whole = [model(input_ids=torch.tensor([s], device=device)).logits[0, 0].float().item()
-             for s in first + second + (third if share else [])]
+    whole = [scorer.whole_value(s) for s in first + second + (third if share else [])]
     if measured > 0 and not share:
         scorer.kv_bytes_per_token = measured
     return _close(got, whole, model)
@@ -278,6 +320,7 @@ class Prefix(NamedTuple):
     group: int
     ids: list[int]
     layers: list[tuple[torch.Tensor, torch.Tensor]]
+    state: object = None  # its row's state (`RewardModelScorer.advance`), which its candidates' rows start from
 
     def nbytes(self) -> int:
         return sum(k.nbytes + v.nbytes for k, v in self.layers)
@@ -289,7 +332,9 @@ class RowCaches:
     Row r holds its tokens `ids[r]` in `cache` at the columns that `mask` [r, C] marks 1, in order; the 0 columns
     are holes (columns fed for other rows, or held tokens dropped because the row's encoding changed there). Holes
     are never attended to and position ids count only real columns, so a row's cache is that of its tokens alone.
-    `scores[r]` is the score of `ids[r]`; `plan[r]` is the row's `Feed` while a call feeds it (None otherwise).
+    `scores[r]` is the state of `ids[r]` (`RewardModelScorer.advance`: its score for a reward model, its steps'
+    scores for a process reward model; None until it is fed); `plan[r]` is the row's `Feed` while a call feeds it
+    (None otherwise).
     `pre[r]`: where a row's prompt is held once for its candidates (a slot of its session's `Prefix`es), the slot,
     and the row's cache holds only the columns after it (`ids[r]` still spells the whole encoding); None: the row's
     cache holds all its columns."""
@@ -488,16 +533,18 @@ class CachedScoring:
         scored for the last time (their keys leave at the next release)."""
         final = list(final) if final is not None else [False] * len(items)
         encoded, cut = self.s.encode_all(items, self.meter)
+        counts = self.s.counts(items)
         out: list[float] = [0.0] * len(items)
         if cut:
             idx = sorted(cut)
-            values = self.s.score_encoded([items[i].group for i in idx], [encoded[i] for i in idx], self.meter)
+            values = self.s.score_encoded([items[i].group for i in idx], [encoded[i] for i in idx], self.meter,
+                                          [counts[i] for i in idx] if counts is not None else None)
             for i, v in zip(idx, values):
                 out[i] = v
             self.leaving.update(keys[i] for i in idx)
         todo = [i for i in range(len(items)) if i not in cut]
         values = self.feed([keys[i] for i in todo], [items[i].group for i in todo], [encoded[i] for i in todo],
-                           [final[i] for i in todo])
+                           [final[i] for i in todo], [counts[i] for i in todo] if counts is not None else None)
         for i, v in zip(todo, values):
             out[i] = v
         # One input, one score: items of a prompt with the same encoding (the same response so far, common at the
@@ -550,8 +597,10 @@ class CachedScoring:
                      "again", 100 * CACHE_MEMORY_FRACTION)
 
     # -- one call, token level -------------------------------------------------------------------------------------
-    def feed(self, keys: list, groups: list[int], encoded: list[list[int]], final: list[bool]) -> list[float]:
-        """Scores of `encoded` (whole sequences, at most the context long) of prompts `groups`, under `keys`."""
+    def feed(self, keys: list, groups: list[int], encoded: list[list[int]], final: list[bool],
+             counts: list[int] | None = None) -> list[float]:
+        """Scores of `encoded` (whole sequences, at most the context long) of prompts `groups`, under `keys`
+        (`counts`: the scorer's `counts` of their items)."""
         if len(set(keys)) != len(keys):
             raise ValueError("CachedScoring: each key may be scored once per call")
         free = device_free_bytes(self.s.device)
@@ -572,7 +621,7 @@ class CachedScoring:
                 continue
             p, r = where[k]
             if p.ids[r] == ids and p.scores[r] is not None:
-                out[i] = p.scores[r]
+                out[i] = self.s.value(p.scores[r], counts[i] if counts is not None else None)
                 continue
             kept = min(len(os.path.commonprefix([p.ids[r], ids])), last_real(ids, self.s.head_pad))
             if p.pre[r] is not None and kept < len(self.prefixes[p.pre[r]].ids):
@@ -587,9 +636,9 @@ class CachedScoring:
                 parts += [q] if len(stay) == q.size else [q.take(stay)] if stay else []
             self.parts = parts
         pending = self._held_pieces(encoded, free)
-        self._feed_fresh(keys, groups, encoded, final, fresh, free, out, pending)
+        self._feed_fresh(keys, groups, encoded, final, fresh, free, out, pending, counts)
         for piece in pending:  # those that no fresh rows' forward took along
-            self._forward(piece, encoded, out)
+            self._forward(piece, encoded, out, counts)
             self.parts.append(piece)
         self._copy_twins(keys, final, lead_of, out)
         self._trim(free)  # the held rows grew by what they were fed
@@ -677,7 +726,8 @@ class CachedScoring:
         return [p.take(rows) for rows in token_budget_batches(lengths, budget)]
 
     def _feed_fresh(self, keys: list, groups: list[int], encoded: list[list[int]], final: list[bool],
-                    fresh: dict[int, list[int]], free: int | None, out: list[float], pending: list[RowCaches]) -> None:
+                    fresh: dict[int, list[int]], free: int | None, out: list[float], pending: list[RowCaches],
+                    counts: list[int] | None = None) -> None:
         """Feed the items without a cache, in batches within the budget: each prompt's shared prefix encoded once
         (a one-row seed), then the tokens that some of its items share beyond it, each branch of their tree fed once
         (`branch_tree`, level by level, a row per branch forked from its parent's), and each item's remaining tokens
@@ -722,7 +772,7 @@ class CachedScoring:
             for b in batch:
                 by_group[groups[items[b]]].append(items[b])
             last = pending[-1] if pending else None  # the piece `_feed_tree` may take along
-            rows, took = self._feed_tree(by_group, seeds, shared_of, keys, encoded, out, pending, free)
+            rows, took = self._feed_tree(by_group, seeds, shared_of, keys, encoded, out, pending, free, counts)
             if took:  # that piece is counted in `rows` now
                 held -= grown[id(last)]
             if all(final[i] for i in (items[b] for b in batch)):
@@ -755,13 +805,13 @@ class CachedScoring:
         if int(real.sum()) != len(rows.ids[r]):
             raise RuntimeError("CachedScoring: a seed's cache does not hold its tokens")
         slot, self.next_slot = self.next_slot, self.next_slot + 1
-        self.prefixes[slot] = Prefix(rows.groups[r], list(rows.ids[r]), layers)
+        self.prefixes[slot] = Prefix(rows.groups[r], list(rows.ids[r]), layers, rows.scores[r])
         return self._prefix_row(slot)
 
     def _prefix_row(self, slot: int) -> RowCaches:
         x = self.prefixes[slot]
         return RowCaches(self.s.model.config, None, torch.zeros((1, 0), dtype=torch.long, device=self.s.device),
-                         [None], [x.group], [list(x.ids)], [None], [slot])
+                         [None], [x.group], [list(x.ids)], [x.state], [slot])
 
     def _prefix_view(self, p: RowCaches) -> tuple[SharedPrefixCache, torch.Tensor]:
         """A shared-prefix cache over the prefixes that p's rows read (left-padded to the widest; a row without one
@@ -811,7 +861,8 @@ class CachedScoring:
 
     def _feed_tree(self, by_group: dict[int, list[int]], seeds: dict[int, tuple[RowCaches, int]],
                    shared_of: dict[int, int], keys: list, encoded: list[list[int]], out: list[float],
-                   pending: list[RowCaches], free: int | None) -> tuple[RowCaches, int]:
+                   pending: list[RowCaches], free: int | None, counts: list[int] | None = None
+                   ) -> tuple[RowCaches, int]:
         """One batch of fresh items (prompt -> its items): the branches of each prompt's tree fed level by level
         from its seed, then every item's own tokens, with the last piece of `pending` (held rows) where both fit;
         returns the rows fed last and how many of them (the first ones) are that piece's."""
@@ -846,7 +897,7 @@ class CachedScoring:
         if pending and self._fits([pending[-1], rows], encoded, free):
             took = pending[-1].size
             rows = RowCaches.stack([pending.pop(), rows])
-        self._forward(rows, encoded, out)
+        self._forward(rows, encoded, out, counts)
         return rows, took
 
     def _seeds(self, prefixes: dict[int, list[int]], free: int | None) -> dict[int, tuple[RowCaches, int]]:
@@ -874,9 +925,11 @@ class CachedScoring:
             out.update({g: (rows, r) for r, g in enumerate(members)})
         return out
 
-    def _forward(self, p: RowCaches, encoded: list[list[int]], out: list[float]) -> None:
+    def _forward(self, p: RowCaches, encoded: list[list[int]], out: list[float],
+                 counts: list[int] | None = None) -> None:
         """Feed each planned row of p its new tokens (after dropping the held tokens past the kept ones) and read
-        its score (every row of p is planned: `_held_pieces` takes the planned rows apart)."""
+        its state and score (`RewardModelScorer.advance`, `value`; `counts`: the items' `counts`; every row of p is
+        planned: `_held_pieces` takes the planned rows apart)."""
         model, device = self.s.model, p.mask.device
         feeds = [encoded[f.item][f.kept:] if f is not None else [] for f in p.plan]
         new = max(len(f) for f in feeds)
@@ -896,22 +949,23 @@ class CachedScoring:
         if view is not None:  # the prompts' prefixes read once per prompt, before each row's own columns
             full = torch.cat([pmask, mask], dim=1)
             pos = (full.cumsum(-1) - 1).clamp(min=0)[:, -new:]
-            logits = shared_forward(model, view, input_ids=ids.to(device), attention_mask=full, position_ids=pos,
-                                    use_cache=True).logits[:, 0].float().cpu().tolist()
+            outs = self.s.outputs(lambda m: shared_forward(m, view, input_ids=ids.to(device), attention_mask=full,
+                                                           position_ids=pos, use_cache=True))
             # the own columns, out of the view's growing storage (its spare columns are not kept between calls)
             cache = cache_of(model.config, [(layer.keys.contiguous(), layer.values.contiguous())
                                             for layer in view.layers])
         else:
             pos = (mask.cumsum(-1) - 1).clamp(min=0)[:, -new:]  # [R, new]: positions count only real columns
             cache = p.cache if p.cache is not None else DynamicCache(config=model.config)
-            logits = model(input_ids=ids.to(device), attention_mask=mask, position_ids=pos, **cache_kw(model, cache),
-                           use_cache=True).logits[:, 0].float().cpu().tolist()
+            outs = self.s.outputs(lambda m: m(input_ids=ids.to(device), attention_mask=mask, position_ids=pos,
+                                              **cache_kw(m, cache), use_cache=True))
         p.cache, p.mask = cache, mask
         fed = [r for r, f in enumerate(p.plan) if f is not None]
         for r in fed:
             f = p.plan[r]
             p.ids[r] = p.ids[r][: f.kept] + feeds[r]
-            p.scores[r] = out[f.item] = logits[r]
+            p.scores[r] = self.s.advance(p.scores[r], f.kept, feeds[r], outs[r])
+            out[f.item] = self.s.value(p.scores[r], counts[f.item] if counts is not None else None)
         self.meter.count_forward(self.s.role, torch.tensor([p.groups[r] for r in fed]),
                                  torch.tensor([len(feeds[r]) for r in fed]))
         p.plan = [None] * p.size
