@@ -43,8 +43,10 @@ Each case runs on the engines of `--engines` (hf, vllm; the reward model on tran
 session's radix-tree levels (a forward each, `CachedScoring.MAX_LEVELS`) to weigh reward forwards against reward
 tokens; `--reward-prefix copy` copies every prompt's reward cache into its candidates' (the side that holding it
 once, the default, is measured against); `--reward-session whole` scores every decision's candidates whole (the side
-a session is measured against; its cases are filed as ``CASE@whole``). Figures go to stdout as Markdown tables
-and, with `--json PATH`, to a file (docs/figures/, from which the docs' tables are rendered). The load average before and after is printed: this machine is shared.
+a session is measured against; its cases are filed as ``CASE@whole``), and `--reward-session ab` runs Speculative
+Rejection alone both ways on one runner, alternating `--repeats` times (``CASE@ab``): the interleaved A/B of the CPU
+seconds a session saves. Figures go to stdout as Markdown tables and, with `--json PATH`, to a file (docs/figures/,
+from which the docs' tables are rendered). The load average before and after is printed: this machine is shared.
 """
 
 from __future__ import annotations
@@ -256,6 +258,39 @@ def seeded_prm(out: Path, backbone: Path) -> Path:
                                                                  step_tag=PRM_TAG)
 
 
+def sessions_ab(case: Case, engine: str, n: int, width: int, repeats: int, tmp: str,
+                kv_cache_mb: float | None = None, gpus: float = 0, dtype: str = "auto") -> dict:
+    """Speculative Rejection at n, its reward scored whole at every decision and with the reward sessions, on one
+    loaded runner, the two sides alternating `repeats` times (least CPU time of each kept): the interleaved A/B of
+    what a session saves in time. Both sides admit prompts alike (the runner's memory plan counts the sessions'
+    caches on both), so their rows differ only where float noise in a score moves a cut (said as `same_rows`)."""
+    from workers.actor.runner import Runner
+    from workers.scoring.reward_model import RewardModelScorer
+
+    method = {"name": "speculative_rejection", "n": n, "alpha": 0.5}
+    runner = Runner(case.config(method, engine, width, str(Path(tmp) / "run"), kv_cache_mb, gpus, dtype))
+    out: dict[str, dict] = {}
+    kept: dict[str, list] = {}
+    try:
+        for _ in range(repeats):
+            for side in ("whole", "cached"):
+                RewardModelScorer.incremental_sessions = side == "cached"
+                rows, cpu, wall = run_side(runner, case.items)
+                kept[side] = [[(c["text"], c["finish_reason"]) for c in r["candidates"]] for r in rows]
+                fig = case.figures(rows)
+                fig.update(cpu_s=min(cpu, out.get(side, {}).get("cpu_s", cpu)),
+                           wall_s=min(wall, out.get(side, {}).get("wall_s", wall)))
+                out[side] = fig
+                print(f"  {case.name} {engine} SR-{n} scored {side}: {fig['reward_per_generated']:.2f} reward tokens "
+                      f"per generated token, {fig['gflop']:.2f} GFLOP, {cpu:.1f} CPU s", flush=True)
+    finally:
+        RewardModelScorer.incremental_sessions = True
+    out["cached / whole"] = {k: out["cached"][k] / out["whole"][k] for k in (
+        "cpu_s", "wall_s", "gflop", "reward_gflop", "reward_tokens", "reward_forwards") if out["whole"][k]}
+    out["same_rows"] = kept["cached"] == kept["whole"]
+    return out
+
+
 def make_cases(names: list[str], prompts: int, tmp: str, new_tokens: int | None = None) -> list[Case]:
     from runfolder.parameters import count_parameters
 
@@ -321,16 +356,17 @@ def main(argv: list[str] | None = None) -> int:
                     help="rule: the reward session holds a prompt's prefix once where its copies would take 4 MiB or "
                          "more (workers.scoring.reward_model.CachedScoring.share_prompts); copy: in every candidate's "
                          "cache, as before")
-    ap.add_argument("--reward-session", choices=("cached", "whole"), default="cached",
+    ap.add_argument("--reward-session", choices=("cached", "whole", "ab"), default="cached",
                     help="cached: a causal reward model or PRM keeps each candidate's cache between decisions; whole: "
                          "every decision scores its candidates whole (workers.scoring.reward_model.RewardModelScorer."
-                         "incremental_sessions), the side a session is measured against")
+                         "incremental_sessions), the side a session is measured against; ab: Speculative Rejection "
+                         "alone, the two alternating --repeats times on one runner (`sessions_ab`)")
     ap.add_argument("--json", help="also write every figure to this file (its cases are added to those it holds)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     from workers.scoring.reward_model import CachedScoring, RewardModelScorer
 
-    RewardModelScorer.incremental_sessions = args.reward_session == "cached"
+    RewardModelScorer.incremental_sessions = args.reward_session != "whole"
     if args.reward_levels is not None:
         CachedScoring.MAX_LEVELS = args.reward_levels
     if args.reward_prefix == "copy":
@@ -344,6 +380,18 @@ def main(argv: list[str] | None = None) -> int:
             for engine in args.engines.split(","):
                 for n in (int(x) for x in args.ns.split(",")):
                     width = max(args.width, n)
+                    if args.reward_session == "ab":
+                        got = sessions_ab(case, engine, n, width, args.repeats, tmp, args.kv_cache_mb, args.gpus,
+                                          args.dtype)
+                        print(table(f"{case.name}, engine {engine}, SR n = {n}, width {width}, {len(case.items)} "
+                                    f"prompts, reward scored whole and with sessions, alternating {args.repeats}x",
+                                    {k: got[k] for k in ("whole", "cached", "cached / whole")},
+                                    ["reward_tokens", "reward_per_generated", "reward_forwards", "gflop", "cpu_s",
+                                     "wall_s"], first="side") + f"\nsame rows: {got['same_rows']}", flush=True)
+                        got["setup"] = {"prompts": len(case.items), "width": width, "new_tokens": case.max_new_tokens,
+                                        "repeats": args.repeats, "load": os.getloadavg(), "threads": args.threads}
+                        out["cases"][f"{case.name}@ab {engine} n={n}"] = got
+                        continue
                     got = bench_case(case, engine, n, width, args.repeats, tmp, args.kv_cache_mb, args.gpus,
                                      args.dtype)
                     shown = {k: v for k, v in got.items() if k != "Best-of-k"}

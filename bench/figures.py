@@ -123,9 +123,10 @@ def reward_tokens(*cases: str) -> Callable[[], str]:
 
 
 def sessions(*cases: str) -> Callable[[], str]:
-    """Cases of bench.bill run twice, with the reward sessions (``CASE``) and scored whole at every call
-    (``CASE@whole``): each side's reward-model tokens and FLOPs (target and reward) both ways, and whether the two
-    runs made the same rows (the same mean best reward and generated tokens)."""
+    """Cases of bench.bill run with the reward sessions (``CASE``) and scored whole at every call (``CASE@whole``):
+    each side's reward-model tokens and FLOPs (target and reward) both ways, and whether the two runs made the same
+    rows (the same generated tokens, the mean best reward within 1e-6); then the interleaved A/B of Speculative Rejection's CPU
+    seconds both ways (``CASE@ab``)."""
 
     def render() -> str:
         rows = []
@@ -137,15 +138,26 @@ def sessions(*cases: str) -> Callable[[], str]:
                 for side in sorted((k for k in got if k.startswith(("BoN-", "SR-"))),
                                    key=lambda k: (k[:2], int(k.split("-")[1]))):
                     a, b = before[side], got[side]
-                    same = a["mean_best_reward"] == b["mean_best_reward"] and a["generated_tokens"] == \
-                        b["generated_tokens"]
+                    same = abs(a["mean_best_reward"] - b["mean_best_reward"]) <= 1e-6 and a["generated_tokens"] == \
+                        b["generated_tokens"]  # the scores' float noise aside
                     rows.append([case, engine, f"{setup['prompts']} x {setup['new_tokens']}", side,
                                  f"{b['generated_tokens']:,}", fmt(a["reward_per_generated"], 2),
-                                 f"**{fmt(b['reward_per_generated'], 2)}**", fmt(a["gflop"], 1), fmt(b["gflop"], 1),
-                                 fmt(a["cpu_s"], 1), fmt(b["cpu_s"], 1), "yes" if same else "NO"])
-        return md(["case", "engine", "prompts x new tokens", "side", "generated tokens",
-                   "reward tok / gen tok, whole", "with sessions", "GFLOP, whole", "with sessions",
-                   "CPU s, whole", "with sessions", "same rows"], rows)
+                                 f"**{fmt(b['reward_per_generated'], 2)}**",
+                                 fmt(b["reward_beyond_prompts_per_generated"], 2), fmt(a["gflop"], 1),
+                                 fmt(b["gflop"], 1), "yes" if same else "NO"])
+        table = md(["case", "engine", "prompts x new tokens", "side", "generated tokens",
+                    "reward tok / gen tok, whole", "with sessions", "beyond the prompts", "GFLOP, whole",
+                    "with sessions", "same rows"], rows)
+        rows = []
+        for case in cases:
+            for engine, n, got in bill_cases(f"{case}@ab"):
+                setup, ratio = got["setup"], got["cached / whole"]
+                rows.append([case, engine, f"SR-{n[2:]}", f"{setup['prompts']} x {setup['new_tokens']}",
+                             str(setup["repeats"]), fmt(got["whole"]["cpu_s"], 1), fmt(got["cached"]["cpu_s"], 1),
+                             f"**{ratio['cpu_s']:.2f}x**", f"{ratio['gflop']:.2f}x",
+                             "yes" if got["same_rows"] else "NO"])
+        return table + "\n" + md(["case", "engine", "side", "prompts x new tokens", "pairs", "CPU s, whole",
+                                   "with sessions", "CPU s ratio", "GFLOP ratio", "same rows"], rows)
 
     return render
 

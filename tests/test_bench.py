@@ -100,3 +100,23 @@ def test_bill_matches_speculative_rejection_against_best_of_k_from_every_subset(
     assert matched_n(curve, curve[5] + 1) == 6 and matched_n(curve, curve[0] - 1) == 1
     assert cost_at([8, 16, 32], [200, 400, 800], 24) == pytest.approx(600)
     assert cost_at([8, 16, 32], [200, 400, 800], 4) == pytest.approx(100)  # below the runs: the first segment's line
+
+
+def test_bill_measures_a_prms_sessions_against_scoring_it_whole(tmp_path, capsys):
+    """bench.bill's PRM case, its sessions against every decision scored whole: both ways in separate runs (filed
+    as CASE and CASE@whole) and alternating on one runner (CASE@ab), the same rows for fewer PRM tokens."""
+    from bench import bill
+
+    out = tmp_path / "bill.json"
+    args = ["--cases", "tiny-prm", "--ns", "8", "--prompts", "4", "--new-tokens", "16", "--json", str(out)]
+    for session in ("cached", "whole", "ab"):
+        assert bill.main(args + ["--reward-session", session]) == 0
+    assert "same rows: True" in capsys.readouterr().out
+    cases = json.loads(out.read_text())["cases"]
+    cached, whole, ab = (cases[f"tiny-prm{s} hf n=8"] for s in ("", "@whole", "@ab"))
+    for side in ("BoN-8", "SR-8"):
+        assert cached[side]["generated_tokens"] == whole[side]["generated_tokens"]
+        assert 0 < cached[side]["reward_tokens"] < whole[side]["reward_tokens"]
+    assert ab["same_rows"] and ab["cached"]["reward_tokens"] == cached["SR-8"]["reward_tokens"]
+    assert ab["whole"]["reward_tokens"] == whole["SR-8"]["reward_tokens"]
+    assert ab["cached / whole"]["reward_tokens"] < 0.5
