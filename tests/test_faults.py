@@ -164,9 +164,15 @@ class Job:
 
 
 def run_to_end(cfg: Path, env: dict, name: str) -> Job:
+    """Run `name` to its end; one still running after RUN_TIMEOUT is killed and the test fails with its output (a
+    hang is diagnosed from what the run said, not from the timeout alone)."""
     job = Job(cfg, env, name)
     try:
         job.wait()
+    except subprocess.TimeoutExpired:
+        job.kill_group()
+        pytest.fail(f"{name} still ran after {RUN_TIMEOUT} s; its stdout:\n{job.stdout[-3000:]}\nits stderr:\n"
+                    f"{job.stderr[-6000:]}")
     finally:
         if job.proc.poll() is None:
             job.kill_group()
