@@ -366,11 +366,20 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     from workers.scoring.reward_model import CachedScoring, RewardModelScorer
 
+    saved = RewardModelScorer.incremental_sessions, CachedScoring.MAX_LEVELS, CachedScoring.share_prompts
     RewardModelScorer.incremental_sessions = args.reward_session != "whole"
     if args.reward_levels is not None:
         CachedScoring.MAX_LEVELS = args.reward_levels
     if args.reward_prefix == "copy":
         CachedScoring.share_prompts = False
+    try:
+        return run_cases(args)
+    finally:  # the class settings back as they were (the tests call main in their own process)
+        RewardModelScorer.incremental_sessions, CachedScoring.MAX_LEVELS, CachedScoring.share_prompts = saved
+
+
+def run_cases(args: argparse.Namespace) -> int:
+    """Every case, engine and n of `args`, printed and filed (`--json`)."""
     device = torch.cuda.get_device_name() if args.gpus and torch.cuda.is_available() else "cpu"
     load = os.getloadavg()
     out: dict = {"prompts": args.prompts, "width": args.width, "threads": args.threads, "load_before": load,
