@@ -20,6 +20,7 @@ from stores.model_folders import PROCESS_REWARD
 from workers.accounting.cost import Meter
 from workers.actor.runner import Runner
 from workers.loading import load_process_reward_model
+from workers.scoring import reward_model
 from workers.scoring.items import Scored, reward_input
 from workers.scoring.process_reward import ProcessRewardScorer, Steps
 
@@ -147,7 +148,7 @@ def test_a_session_feeds_only_what_is_new_and_scores_as_whole_scoring(loaded, ag
     some alike, some final or gone, and the session's rewards are whole scoring's while it feeds a fraction of its
     tokens: each step's tag keeps the score it had."""
     rule = scorer(loaded, aggregate=aggregate)
-    assert rule.incremental and rule.shares_prefix
+    assert rule.incremental and not rule.shares_prefix  # whole scoring reads each input in full
     words = "once upon a time there was a dog who ran home fast and sat".split()
     rng = __import__("random").Random(0)
     texts = {(g, c): "" for g in range(2) for c in range(5)}
@@ -174,7 +175,7 @@ def test_speculative_rejection_with_a_prm_decides_as_whole_scoring_would(prm, mo
     """Speculative Rejection's rows with the PRM's sessions are those of a PRM scored whole at every decision (a
     model whose probe fails), for fewer PRM tokens."""
     rows = Runner(sr(prm)).run(demo_items(3))
-    monkeypatch.setattr(ProcessRewardScorer, "prefix_probe", lambda self: False)
+    monkeypatch.setattr(reward_model, "incremental_is_exact", lambda scorer, share=False: False)
     whole = Runner(sr(prm)).run(demo_items(3))
     for a, b in zip(rows, whole):
         assert [(c["text"], c["finish_reason"]) for c in a["candidates"]] == \

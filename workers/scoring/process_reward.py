@@ -140,7 +140,6 @@ class ProcessRewardScorer(RewardModelScorer):
         self.steps = steps
         self.tag_id = steps.tag_id(tokenizer)
         super().__init__(model, tokenizer, batch_tokens, role)
-        self.shares_prefix = self.incremental  # its probe fed a shared prefix; whole scoring reads every token
 
     def encode_all(self, items: list[Scored], meter: Meter) -> tuple[list[list[int]], set[int]]:
         """Every item's PRM input, its steps tagged (`Steps.tagged`), cut to the context where longer."""
@@ -206,8 +205,8 @@ class ProcessRewardScorer(RewardModelScorer):
         return [self.tag_id if k % 4 == 3 else t for k, t in enumerate(super().probe_tokens(count))]
 
     def prefix_probe(self) -> bool:
-        """The incremental probe that follows decides for both: it feeds a prefix shared by two rows."""
-        return True
+        """False: whole scoring reads every input in full (`_whole`); only a session shares what rows hold alike."""
+        return False
 
     def head_holds_no_score(self) -> bool:
         return self.tag_id not in self.template_head

@@ -63,8 +63,9 @@ class RewardModelScorer:
     scores of two probe sequences with and without the shared cache must agree. Bidirectional encoders (BERT-like
     reward models) fail it, because their prompt tokens attend to the response, and are scored whole.
 
-    A model that passes also scores incrementally in a session (`session`, CachedScoring) when a second probe, a
-    cache with dropped (holed) tokens fed again, gives its scores too; `incremental` says whether it did.
+    It scores incrementally in a session (`session`, CachedScoring) when a second probe, a session's calls of growing
+    sequences (two sharing a prefix, a cache with dropped, holed, tokens fed again), gives its own scores of them
+    (`whole_value`); `incremental` says whether it did. Bidirectional encoders fail that one too.
 
     Batches: rows x padded input length stays under what SCORING_MEMORY_FRACTION of the device's free memory holds
     (`forward_bytes`, with the cache's bytes per token measured by the probe), and under `batch_tokens` when set
@@ -92,8 +93,11 @@ class RewardModelScorer:
         self.template_head = template_head(tokenizer)  # what every prompt's encoding starts with (a session's once)
         self.head_row: RowCaches | None = None  # set below, once the model is known to score incrementally
         self.shares_prompt = False  # until the probe below says
+        # whole scoring encodes a prompt's shared prefix once where its cache gives the model's own scores
         self.shares_prefix = self.prefix_probe()
-        self.incremental = self.shares_prefix and incremental_is_exact(self)
+        # sessions keep each candidate's cache where that gives the scorer's own scores (`whole_value`): a causal
+        # model that takes a cache; a bidirectional encoder fails the probe (its prompt attends to the response)
+        self.incremental = incremental_is_exact(self)
         # whether a session may hold a prompt's prefix once for its candidates (`CachedScoring._worth_sharing`)
         self.shares_prompt = self.incremental and incremental_is_exact(self, share=True)
         # the template's head, encoded once here (a load-time cost, as the probes are, charged to no prompt, so that
@@ -152,7 +156,8 @@ class RewardModelScorer:
         return _probe_tokens(self.model, self.head_pad, count)
 
     def prefix_probe(self) -> bool:
-        """Whether the model scores a shared prefix's cache exactly (`prefix_sharing_is_exact`)."""
+        """Whether whole scoring may encode a prompt's shared prefix once: the model scores with a shared prefix's
+        cache exactly (`prefix_sharing_is_exact`)."""
         return prefix_sharing_is_exact(self.model, self.pad)
 
     def head_holds_no_score(self) -> bool:
