@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -17,6 +18,40 @@ ROOT = Path(__file__).resolve().parent.parent
 # (pipeline.raydata.ray_init_options): 1 to 4 s less for each, and no dashboard beside the actors on 2 cores.
 # tests/test_cli.py checks that a run without this variable starts it.
 os.environ.setdefault("WINNOW_RAY_DASHBOARD", "0")
+
+
+@contextlib.contextmanager
+def machine_share(alone: bool):
+    """Under pytest-xdist (`-n 2`, the README's test command), a test marked `alone` runs with no other test beside
+    it, and the others two at a time: the tests that kill nodes and actors of a Ray cluster at a chosen moment wait
+    on Ray's health checks, which a second test's load delays (a node-loss test's rerun hung once in four parallel
+    runs). A readers-writer lock shared by the workers (flock): `alone` holds it exclusively, the others shared, and
+    a turnstile taken first lets an `alone` test in as soon as the test running beside it ends. Taken around a
+    test's whole protocol, so that its module's fixtures are set up and torn down under it too."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if not run:
+        yield
+        return
+    import fcntl
+    import tempfile
+
+    base = Path(tempfile.gettempdir()) / f"winnow-tests-{run}"
+    with open(f"{base}.turnstile", "a") as turnstile, open(f"{base}.machine", "a") as machine:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(machine, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        finally:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(machine, fcntl.LOCK_UN)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    with machine_share(item.get_closest_marker("alone") is not None):
+        yield
 
 
 @pytest.fixture(scope="session")

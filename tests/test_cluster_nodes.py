@@ -346,6 +346,7 @@ def _same(row: dict) -> tuple:
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_a_node_that_joins_takes_batches_and_one_that_leaves_loses_nothing(tmp_path):
     """One cluster, two runs of one config (`workers: {min: 2, max: 3}`): first on its one worker node (the baseline,
     the second actor waiting for room), then anew in another folder, each call paced by its reward, while a 2-CPU node
@@ -481,6 +482,7 @@ def autoscaling_cluster(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_the_job_waits_for_the_autoscaler_and_gives_up_after_the_stated_time(tmp_path, autoscaling_cluster):
     """No node holds an actor: the job says it waits for the autoscaler, which adds a 1-CPU node, and runs; a GPU
     that none of the autoscaler's node types has is given up on after `resources.wait_for_nodes_s` (exit 2, nothing

@@ -372,6 +372,7 @@ def hit_mid_batch(cfg, run: Path, env: dict, label: str, kill) -> tuple[Job, dic
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_actor_killed_without_retries_fails_loudly_and_the_rerun_completes(tmp_path, session_env, baseline):
     cfg = fault_config(tmp_path, "run", max_retries=0)
     run = tmp_path / "run"
@@ -393,6 +394,7 @@ def test_actor_killed_without_retries_fails_loudly_and_the_rerun_completes(tmp_p
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_actor_killed_with_retries_is_restarted_and_its_batch_retried(tmp_path, session_env, baseline):
     cfg = fault_config(tmp_path, "run", max_retries=2)
     run = tmp_path / "run"
@@ -415,6 +417,7 @@ def test_actor_killed_with_retries_is_restarted_and_its_batch_retried(tmp_path, 
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_node_lost_mid_batch_recovers_or_fails_loudly_then_the_rerun_completes(tmp_path, private_ray, baseline):
     cluster = SimulatedCluster(private_ray, tmp_path / "cluster.log", workers=2)
     try:
