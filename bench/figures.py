@@ -125,8 +125,8 @@ def reward_tokens(*cases: str) -> Callable[[], str]:
 def sessions(*cases: str) -> Callable[[], str]:
     """Cases of bench.bill run with the reward sessions (``CASE``) and scored whole at every call (``CASE@whole``):
     each side's reward-model tokens and FLOPs (target and reward) both ways, and whether the two runs made the same
-    rows (the same generated tokens, the mean best reward within 1e-6); then the interleaved A/B of Speculative Rejection's CPU
-    seconds both ways (``CASE@ab``)."""
+    rows (the same generated tokens, the mean best reward within 1e-6); then the interleaved A/B of Speculative
+    Rejection's CPU seconds both ways (``CASE@ab``)."""
 
     def render() -> str:
         rows = []
