@@ -28,6 +28,9 @@ Cases (`--cases`):
   (`assets.concept_sets`, held out from its training), 48 new tokens (the quickstart's);
 - ``smollm2``: SmolLM2-135M-Instruct (`builtin:smollm2-135m-instruct`, the `real` extra) with the `logprob`
   reward (no reward tokens: read from the decoding step), on the bundled real instructions;
+- ``smollm2-concepts``: the same on the tiny world's held-out concept prompts ("Write a sentence using these
+  concepts: ...", a CommonGen task), of which there are thousands: enough for SmolLM2's prompts to keep the actor
+  full, where the 64 real instructions leave Speculative Rejection's last prompts decoding alone at the call's end;
 - ``smollm2-rm``: SmolLM2 with a reward model of its own backbone under a seeded head
   (`assets.smollm2.build_seeded_reward`; its scores mean nothing, its cost is a real 135M model's);
 - ``smollm2-rm-long``: the same with each instruction repeated to about 512 tokens: a prompt is scored once for its
@@ -306,18 +309,19 @@ def make_cases(names: list[str], prompts: int, tmp: str, new_tokens: int | None 
                         "step_tag": PRM_TAG}
             cases.append(Case(name, {"target": target, "reward": spec}, concept_items(prompts), new_tokens or 48,
                               {"target": count_parameters(target), "reward": count_parameters(spec["path"])}))
-        elif name in ("smollm2", "smollm2-rm", "smollm2-rm-long", "smollm2-rm-long-answers", "smollm2-prm"):
+        elif name in ("smollm2", "smollm2-concepts", "smollm2-rm", "smollm2-rm-long", "smollm2-rm-long-answers",
+                      "smollm2-prm"):
             from assets import smollm2
 
             target = smollm2.ensure()
             models: dict = {"target": str(target), "reward": {"kind": "logprob"}}
             parameters = {"target": count_parameters(str(target))}
-            items = real_items(prompts)
+            items = concept_items(prompts) if name == "smollm2-concepts" else real_items(prompts)
             if name == "smollm2-prm":
                 reward = seeded_prm(Path(tmp) / "smollm2-prm", target)
                 models["reward"] = {"kind": "process", "path": str(reward), "step_tag": PRM_TAG}
                 parameters["reward"] = count_parameters(str(reward))
-            elif name != "smollm2":
+            elif name not in ("smollm2", "smollm2-concepts"):
                 reward = Path(tmp) / "smollm2-reward"
                 if not reward.exists():
                     smollm2.build_seeded_reward(reward, target)
@@ -336,8 +340,8 @@ def make_cases(names: list[str], prompts: int, tmp: str, new_tokens: int | None 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cases", default="tiny", help="comma-separated: tiny, tiny-prm, smollm2, smollm2-rm, "
-                    "smollm2-rm-long, smollm2-rm-long-answers, smollm2-prm")
+    ap.add_argument("--cases", default="tiny", help="comma-separated: tiny, tiny-prm, smollm2, smollm2-concepts, "
+                    "smollm2-rm, smollm2-rm-long, smollm2-rm-long-answers, smollm2-prm")
     ap.add_argument("--engines", default="hf", help="comma-separated: hf, vllm")
     ap.add_argument("--ns", default="32,128", help="Speculative Rejection's n (Best-of-N runs at n/4, n/2, n)")
     ap.add_argument("--prompts", type=int, default=64, help="prompts, all in one actor call")

@@ -218,7 +218,7 @@ RENDER: dict[str, Callable[[], str]] = {
     "gpu-forwards": gpu_forwards,
     "quickstart-summary": quickstart_summary,
     "quickstart-bill": quickstart_bill,
-    **{f"bill-{case}": bill(case) for case in ("tiny", "smollm2")},
+    **{f"bill-{case}": bill(case) for case in ("tiny", "smollm2", "smollm2-concepts")},
     "bill-smollm2-rm": reward_tokens("smollm2-rm"),
     "bill-smollm2-rm-long": reward_tokens("smollm2-rm-long", "smollm2-rm-long-answers"),
     "bill-prm": sessions("tiny-prm", "smollm2-prm"),
