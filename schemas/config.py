@@ -259,8 +259,11 @@ class ResourcesConfig(Strict):
         64, ge=1,
         description="Prompts of one actor call (a Ray Data batch): they queue in the actor's decoding loop and start "
         "as the width (models.max_num_seqs) and KV space free, so a call should hold more prompts than run at once; "
-        "a call's rows are written (and committed) together when its last prompt ends. (Its default was 4 before "
-        "this version; a run folder started under it resumes: the setting times the work, it does not change it.)",
+        "a call's rows are written (and committed) together when its last prompt ends. A call's last prompts "
+        "decode alone, which weighs on speculative_rejection, whose survivors are few: on a large data set give it "
+        "several hundred per call (the tiny trio at n = 32: 0.65x of Best-of-N's decoding steps at the same reward "
+        "with 64 per call, 0.57x with 256; docs/speculative-rejection.md). (Its default was 4 before this version; "
+        "a run folder started under it resumes: the setting times the work, it does not change it.)",
     )
     feed_calls: bool = Field(
         False,
