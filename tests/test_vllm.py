@@ -36,6 +36,9 @@ from workers.actor.runner import Runner  # noqa: E402
 from workers.engines.vllm import candidate_seed  # noqa: E402
 from workers.vllm_runtime import modules_hidden, unscannable_modules  # noqa: E402
 
+# every test builds or shares a vLLM engine (20-90 s to build on the CPU): out of plain `pytest`'s fast loop, in CI's
+pytestmark = pytest.mark.slow
+
 MODELS = {"engine": "vllm", "kv_cache_mb": 64}
 SR = {"name": "speculative_rejection", "n": 8, "alpha": 0.5, "schedule": "fixed", "every_k_tokens": 8}
 GEN = {"max_new_tokens": 32, "temperature": 1.0}

@@ -43,6 +43,9 @@ from workers.scoring.items import Scored  # noqa: E402
 from workers.scoring.reward_model import RewardModelScorer  # noqa: E402
 from workers.scoring.vllm_reward import VllmRewardScorer  # noqa: E402
 
+# every test builds or shares a vLLM engine (20-90 s to build on the CPU): out of plain `pytest`'s fast loop, in CI's
+pytestmark = pytest.mark.slow
+
 PROMPTS = [[{"role": "user", "content": "Name a fruit and say what colour it is."}],
            [{"role": "user", "content": "Give one tip for sleeping well."}]]
 RESPONSES = [["An apple", "A banana, which is yellow", "Cherries are small and red, and they grow on trees"],
