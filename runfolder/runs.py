@@ -15,18 +15,19 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.dataset as pads
+import pyarrow.parquet as pq
 from pydantic import ValidationError
 
 from runfolder.folder import committed_data_files, store
 from runfolder.lease import holder_of, lease_path
 from schemas.base import InputError
 from schemas.manifest import Manifest
-from schemas.rows import ROW_SCHEMA
+from schemas.rows import LATE_CANDIDATE_FIELDS, ROW_SCHEMA, STATS_FIELDS
 from stores.filesystems import bucket_message, missing_bucket
 
 # Columns the tools read; others (new ones the job adds) are ignored.
 READ_COLUMNS = ["prompt_id", "prompt", "method", "candidates", "best_index", "best_text", "best_reward", "cost",
-                "error"]
+                "stats", "error"]
 
 
 @dataclass
@@ -110,6 +111,10 @@ def _candidate_files(fs, path: str) -> list[str]:
 def _missing_fields(schema: pa.Schema) -> list[str]:
     """Dotted names of the ROW_SCHEMA fields the tools read that `schema` lacks (extra fields are fine)."""
 
+    # read as null where a file lacks them: the candidates' late fields, and any stats field (methods measure
+    # different ones, and fields were added over time)
+    late = {f"candidates[].{name}" for name in LATE_CANDIDATE_FIELDS} | {f"stats.{name}" for name in STATS_FIELDS}
+
     def walk(want: pa.DataType, have: pa.DataType, prefix: str) -> list[str]:
         if pa.types.is_list(want) and pa.types.is_list(have):
             return walk(want.value_type, have.value_type, prefix + "[]")
@@ -118,7 +123,8 @@ def _missing_fields(schema: pa.Schema) -> list[str]:
             out = []
             for f in want:
                 if f.name not in names:
-                    out.append(f"{prefix}.{f.name}")
+                    if f"{prefix}.{f.name}" not in late:
+                        out.append(f"{prefix}.{f.name}")
                 else:
                     out += walk(f.type, have.field(f.name).type, f"{prefix}.{f.name}")
             return out
@@ -135,13 +141,13 @@ def _missing_fields(schema: pa.Schema) -> list[str]:
 
 def _read_rows(fs, files: list[str], uri: str) -> list[dict]:
     try:
-        dataset = pads.dataset(files, filesystem=fs, format="parquet")
-        missing = _missing_fields(dataset.schema)
+        target = pa.schema([ROW_SCHEMA.field(c) for c in READ_COLUMNS])
+        missing = sorted({m for f in files for m in _missing_fields(pq.read_schema(f, filesystem=fs))})
         if missing:
             raise InputError(f"{uri}/candidates: fields {missing} missing; expected schemas.rows.ROW_SCHEMA")
-        table = dataset.to_table(columns=READ_COLUMNS)
-        target = pa.schema([ROW_SCHEMA.field(c) for c in READ_COLUMNS])
-        table = table.cast(target)
+        # read with the whole schema: a field added after a file was written (LATE_CANDIDATE_FIELDS) reads as null,
+        # and files of before and after it (a run resumed by a newer Winnow) read as one
+        table = pads.dataset(files, filesystem=fs, format="parquet", schema=target).to_table(columns=READ_COLUMNS)
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OSError) as err:
         raise InputError(f"{uri}/candidates: not readable as rows of schemas.rows.ROW_SCHEMA: {err}") from None
     return table.to_pylist()

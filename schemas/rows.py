@@ -54,8 +54,15 @@ CANDIDATE = pa.struct(
         ("reward", pa.float64()),  # null for a rejected candidate, or when no reward is configured
         ("finish_reason", pa.string()),  # eos | length | rejected
         ("partial_rewards", pa.list_(pa.float64())),  # one per decision token the candidate was running at
+        ("verified", pa.bool_()),  # the verifier's verdict; null without a verifier or for a candidate it did not judge
+        ("answer", pa.string()),  # the final answer the math verifier read in the response
+        ("verifier_reason", pa.string()),  # why the verifier did not accept it; null when it did
     ]
 )
+
+# Fields of CANDIDATE and STATS added after the first release: a run folder written before them reads them as null
+# (runfolder.runs reads every file with the whole schema).
+LATE_CANDIDATE_FIELDS = ("verified", "answer", "verifier_reason")
 
 COST = pa.struct(
     [
@@ -107,6 +114,15 @@ STATS_FIELDS: dict[str, tuple[pa.DataType, str]] = {
                      "models made): on a device where a forward costs about the same at any width (a GPU at small "
                      "sizes), the reward model's part of the bill, as decoding_steps are the target's; 0 without a "
                      "reward model's forward; null for methods that are not candidate pools"),
+    "judged_candidates": (pa.int32(), "candidates the verifier judged (every finished one); null without a verifier"),
+    "verified_candidates": (pa.int32(), "candidates the verifier accepted; null without a verifier"),
+    "best_verified": (pa.bool_(), "whether the answer (best_index) verified; false when no candidate did, and the "
+                      "answer is then the ranker's best; null without a verifier"),
+    "pass_at_1": (pa.float64(), "the chance that one sample verifies, from the judged candidates (verified / judged); "
+                  "null without a verifier, or where candidates were cut before they finished (a biased sample)"),
+    "pass_at_k": (pa.list_(pa.struct([("k", pa.int32()), ("value", pa.float64())])),
+                  "pass@k by the unbiased estimator 1 - C(n-c, k) / C(n, k) (n judged, c verified) at k = 1, 2, 4, "
+                  "... and n; null where pass_at_1 is"),
 }
 STATS = pa.struct([(name, t) for name, (t, _) in STATS_FIELDS.items()])
 
@@ -142,6 +158,13 @@ COLUMN_MEANINGS: dict[str, str] = {
     "candidates[].finish_reason": "`eos`, `length` (token limit) or `rejected` (stopped by a Speculative Rejection "
     "cut)",
     "candidates[].partial_rewards": "the candidate's reward at each decision token it was running at",
+    "candidates[].verified": "whether the verifier (`models.verifier`, or a `math` or `code` reward) accepted the "
+    "response; null without a verifier, and for a candidate it did not judge (rejected, or stopped once enough "
+    "candidates verified)",
+    "candidates[].answer": "the final answer the math verifier read in the response (`\\boxed{}`, \"the answer is\", "
+    "or the last number); null for other verifiers or when the response states none",
+    "candidates[].verifier_reason": "why the verifier did not accept the response: `wrong answer`, `no answer`, a "
+    "failing test, `timeout`, `memory`, ...; null when it did, or without a verifier",
     "best_index": "index in `candidates` of the answer: the finished candidate with the highest final reward (the "
     "method's own answer for single-response methods); null when there is none",
     "best_text": "`candidates[best_index].text`",

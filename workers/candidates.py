@@ -32,6 +32,9 @@ class Candidate:
     reward: float | None = None
     partial_rewards: list[float] = field(default_factory=list)
     logprob: float | None = None  # the target's log-probability of `tokens` (temperature 1), where the engine kept it
+    verified: bool | None = None  # the verifier's verdict, where a verifier judged it
+    answer: str | None = None  # the final answer the math verifier read in it
+    verifier_reason: str | None = None  # why the verifier did not accept it
 
     def perplexity(self) -> float | None:
         """exp of the mean negative log-likelihood of its tokens under the target (paper 002's measure), from
@@ -48,6 +51,9 @@ class Candidate:
             "reward": self.reward,
             "finish_reason": self.finish_reason,
             "partial_rewards": list(self.partial_rewards),
+            "verified": self.verified,
+            "answer": self.answer,
+            "verifier_reason": self.verifier_reason,
         }
 
 
