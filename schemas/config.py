@@ -125,9 +125,21 @@ class LexicalReward(Strict):
 
 class PythonReward(Strict):
     kind: Literal["python"] = Field(
-        description="A Python function `f(prompts, texts) -> list[float]`; prompts are lists of chat messages."
+        description="A Python function `f(prompts, texts) -> list[float]`, or `f(prompts, texts, rows)` to read each "
+        "prompt's `columns` too (chosen by its signature); prompts are lists of chat messages. It runs in the actor's "
+        "process: it is your code, not the model's (generated code belongs in a `code` verifier's sandbox)."
     )
-    function: str = Field(description="Import path `package.module:function`.")
+    function: str = Field(description="Import path `package.module:function`; the module must be importable where the "
+                          "actors run (docs/jobs.md: a python reward's module).")
+    columns: list[str] = Field(
+        default_factory=list, description="Dataset columns handed to the function as `rows` (one dict per text, these "
+        "columns only, values as JSON gives them). Each is checked against the data before any model loads; a row "
+        "where one is null becomes an error row.",
+    )
+    timeout_s: float = Field(
+        120.0, gt=0, description="Most seconds one call of the function may take; past it the run fails naming the "
+        "function, as when it raises. A call scores the candidates of one decision, or of one prompt's end.",
+    )
 
     @field_validator("function")
     @classmethod
@@ -136,9 +148,81 @@ class PythonReward(Strict):
             raise ValueError("must look like 'package.module:function'")
         return v
 
+    @field_validator("columns")
+    @classmethod
+    def _distinct(cls, v: list[str]) -> list[str]:
+        return _distinct_columns(v)
 
-Reward = Annotated[Union[ModelReward, ProcessReward, LogprobReward, LexicalReward, PythonReward],
-                   Field(discriminator="kind")]
+
+def _distinct_columns(v: list[str]) -> list[str]:
+    if any(not c for c in v):
+        raise ValueError("a column name is empty")
+    if len(set(v)) != len(v):
+        raise ValueError(f"names a column twice: {sorted(c for c in set(v) if v.count(c) > 1)}")
+    return v
+
+
+class MathVerifierConfig(Strict):
+    kind: Literal["math"] = Field(
+        description="The response's final answer (the last \\boxed{}, else \"the answer is ...\", else the last "
+        "number) is equivalent to the row's answer, as the math-verify package decides (LaTeX, fractions, "
+        "percentages, sets). As a reward: 1.0 verified, 0.0 not. It cannot score a partial response."
+    )
+    answer_column: str = Field("answer", min_length=1, description="Dataset column holding each prompt's reference "
+                               "answer: a string (LaTeX or plain) or a number.")
+    timeout_s: float = Field(5.0, gt=0, le=600, description="Most seconds to judge one response; past it the "
+                             "response is not verified (reason 'timeout').")
+    workers: int | None = Field(None, ge=1, description="Processes that judge responses at once, beside decoding. "
+                                "Null: the actor's CPUs (resources.cpus_per_worker, at least 1).")
+
+    @property
+    def columns(self) -> list[str]:
+        return [self.answer_column]
+
+
+class CodeVerifierConfig(Strict):
+    kind: Literal["code"] = Field(
+        description="The response's code (its last fenced code block, else the whole response), followed by the "
+        "row's tests, runs to its end in a sandbox. As a reward: 1.0 verified, 0.0 not. It cannot score a partial "
+        "response."
+    )
+    tests_column: str = Field("tests", min_length=1, description="Dataset column holding each prompt's tests: Python "
+                              "code (asserts), or a list of Python statements.")
+    sandbox: Literal["bwrap", "none"] = Field(
+        "bwrap", description="'bwrap': bubblewrap (the Debian package `bubblewrap`): no network, a fresh folder as "
+        "the only writable place, a read-only system, its own process tree. 'none': a plain process with the same "
+        "limits but no isolation, for a machine without bubblewrap and code you trust; it must be set explicitly.",
+    )
+    timeout_s: float = Field(10.0, gt=0, le=3600, description="Most wall seconds one response's code and tests may "
+                             "run; past it the sandbox is killed (reason 'timeout').")
+    cpu_s: float = Field(10.0, gt=0, le=3600, description="Most CPU seconds they may use (reason 'cpu time').")
+    memory_mb: int = Field(1024, ge=64, description="Most address space in MiB (reason 'memory'); too small a value "
+                           "also stops Python's own start-up.")
+    processes: int = Field(64, ge=1, description="Most processes and threads at once inside the sandbox.")
+    output_kb: int = Field(64, ge=1, description="Most KiB of output kept and written; past it the run is stopped "
+                           "(reason 'output limit').")
+    workers: int | None = Field(None, ge=1, description="Responses run at once, each in its own sandbox, beside "
+                                "decoding. Null: the actor's CPUs (resources.cpus_per_worker, at least 1).")
+    python: str | None = Field(None, description="The Python interpreter inside the sandbox. Null: the actor's own "
+                               "(the packages of its environment are importable, read-only).")
+
+    @property
+    def columns(self) -> list[str]:
+        return [self.tests_column]
+
+
+class PythonVerifierConfig(PythonReward):
+    kind: Literal["python"] = Field(
+        description="A Python function `f(prompts, texts) -> list[bool]`, or `f(prompts, texts, rows)` to read each "
+        "prompt's `columns` (chosen by its signature): True where a response verifies. It runs in the actor's "
+        "process: it is your code, not the model's."
+    )
+
+
+Reward = Annotated[Union[ModelReward, ProcessReward, LogprobReward, LexicalReward, PythonReward, MathVerifierConfig,
+                         CodeVerifierConfig], Field(discriminator="kind")]
+Verifier = Annotated[Union[MathVerifierConfig, CodeVerifierConfig, PythonVerifierConfig], Field(discriminator="kind")]
+VERIFIER_REWARDS = ("math", "code")  # the reward kinds that are a verifier: 1.0 for a verified response, else 0.0
 MODEL_REWARDS = ("model", "process")  # the reward kinds that are a model of their own, at models.reward.path
 
 
@@ -147,7 +231,15 @@ class ModelsConfig(Strict):
     draft: str | None = Field(
         None, description="Draft causal LM sharing the target's tokenizer; needed by the draft/target methods only."
     )
-    reward: Reward | None = Field(None, description="How candidates are scored; null records no reward.")
+    reward: Reward | None = Field(None, description="How candidates are scored; null records no reward. Beside "
+                                  "`verifier`, it is the ranker: it orders the verified candidates, and Speculative "
+                                  "Rejection decides on its partial scores.")
+    verifier: Verifier | None = Field(
+        None, description="What checks a finished response against its row's reference: `math`, `code` or a `python` "
+        "function. The answer is the best-ranked verified candidate (by `reward`); a row with none says so "
+        "(stats.best_verified), and `winnow build-sft` leaves it out. Null: no verifier (a `math` or `code` reward "
+        "is a verifier on its own).",
+    )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto",
         description="Weights and activations. 'auto': float32 on CPU; on GPU the checkpoint's 16-bit dtype, "
@@ -323,6 +415,7 @@ class JobConfig(Strict):
         m = method.name
         if method.ranks_by_reward and self.models.reward is None:
             problems.append(f"models.reward: required by method {m!r}, which ranks candidates by reward")
+        problems += self._verifier_problems()
         why = self.draft_needed_by
         if why and not self.models.draft:
             problems.append(f"models.draft: required by {why}")
@@ -364,6 +457,53 @@ class JobConfig(Strict):
         if problems:
             raise ValueError(_CROSS_MARK + "\n".join(problems))
         return self
+
+    def _verifier_problems(self) -> list[str]:
+        reward, verifier, method = self.models.reward, self.models.verifier, self.method
+        problems = []
+        kind = getattr(reward, "kind", None)
+        if kind in VERIFIER_REWARDS and verifier is not None:
+            problems.append(f"models.verifier: the reward is a verifier already (kind {kind!r}); keep one verifier, "
+                            "and make models.reward a ranker (logprob, model or process) to pair them")
+        if kind in VERIFIER_REWARDS and method.scores_partials():
+            problems.append(f"models.reward: kind {kind!r} is a verifier, which cannot score a partial response, and "
+                            f"method {method.name!r} scores partial responses; set models.verifier: {{kind: {kind}}} "
+                            "and models.reward to a ranker (logprob, model or process)")
+        rule = method.stop_rule()
+        if rule is not None and self.verifier is None:
+            problems.append("method.stop_after_verified: needs a verifier (models.verifier, or a math or code reward)")
+        if rule is not None and rule[0] > method.candidates():
+            problems.append(f"method.stop_after_verified: {rule[0]} is more than method.n ({method.candidates()})")
+        return problems
+
+    @property
+    def verifier(self):
+        """The job's verifier section: models.verifier, or the reward where it is a verifier (kind math or code);
+        None without one."""
+        reward = self.models.reward
+        if self.models.verifier is not None:
+            return self.models.verifier
+        return reward if getattr(reward, "kind", None) in VERIFIER_REWARDS else None
+
+    @property
+    def reward_columns(self) -> list[str]:
+        """The dataset columns that travel with each prompt to the reward and the verifier (`columns` of a python
+        reward or verifier, a math verifier's answer column, a code verifier's tests column), in order, once each.
+        The lexical reward's concepts travel apart (`concepts`)."""
+        return list(dict.fromkeys(column for _, column in self.reward_column_fields()))
+
+    def reward_column_fields(self) -> list[tuple[str, str]]:
+        """(dotted field, column) for each dataset column the reward and the verifier name (`reward_columns`)."""
+        out = []
+        for where, section in (("models.reward", self.models.reward), ("models.verifier", self.models.verifier)):
+            kind = getattr(section, "kind", None)
+            if kind == "python":
+                out += [(f"{where}.columns", c) for c in section.columns]
+            elif kind == "math":
+                out.append((f"{where}.answer_column", section.answer_column))
+            elif kind == "code":
+                out.append((f"{where}.tests_column", section.tests_column))
+        return out
 
     @property
     def draft_needed_by(self) -> str | None:
@@ -435,6 +575,11 @@ LATE_FIELDS: dict[str, Any] = {
     "models.reward.kv_cache_mb": lambda: None,
     "resources.wait_for_nodes_s": lambda: 600,
     "method.kv_space_mb": lambda: None,
+    "models.verifier": lambda: None,
+    "models.reward.columns": lambda: [],
+    "models.reward.timeout_s": lambda: 120.0,
+    "method.stop_after_verified": lambda: None,
+    "method.verdict_lag_steps": lambda: 8,
 }
 
 # Settings renamed after the first release, new dotted path -> old one (in the same section): the old name is still

@@ -67,9 +67,39 @@ class MethodParams(Strict):
         """The rejection rate of its decisions (Speculative Rejection's alpha; 0: it rejects no one)."""
         return 0.0
 
+    def scores_partials(self) -> bool:
+        """Whether it scores partial responses with the reward (decisions, or lookaheads), which a verifier cannot."""
+        return self.decides() or (self.ranks_by_reward and not self.pool)
+
+    def stop_rule(self) -> tuple[int, int] | None:
+        """(k, lag): stop a prompt once k of its candidates verified, counting a verdict `lag` decoding steps after
+        its candidate ended (method.stop_after_verified, verdict_lag_steps); None: no stopping."""
+        k = getattr(self, "stop_after_verified", None)
+        return None if k is None else (k, self.verdict_lag_steps)
+
     def sampling(self, job: Sampling) -> Sampling:
         """How its candidates are sampled, from the job's sampling (`Sampling.of(generation)`)."""
         return job if self.pool else job._replace(sampler="target")
+
+
+def stop_after_verified_field():
+    return Field(
+        None, ge=1,
+        description="Stop a prompt once this many of its candidates have verified: its running candidates are cut "
+        "(finish_reason 'rejected') and their places go to waiting prompts. When one answer per prompt is wanted, "
+        "samples after a verified one buy nothing. Needs a verifier (models.verifier, or a math or code reward). "
+        "Null: every candidate runs to its end.",
+    )
+
+
+def verdict_lag_steps_field():
+    return Field(
+        8, ge=0, le=4096,
+        description="With stop_after_verified: decoding steps between a candidate's end and the step at which its "
+        "verdict counts; the actor waits for the verdict there if it is not in yet. A longer lag lets code run while "
+        "decoding goes on, and may cost that many steps of the prompt's other candidates. When verdicts arrive "
+        "never changes the rows.",
+    )
 
 
 class BestOfN(MethodParams):
@@ -81,6 +111,8 @@ class BestOfN(MethodParams):
 
     name: Literal["best_of_n"] = Field(description="Best-of-N sampling.")
     n: int = Field(16, ge=1, le=65536, description="Samples per prompt (N).")
+    stop_after_verified: int | None = stop_after_verified_field()
+    verdict_lag_steps: int = verdict_lag_steps_field()
 
     def candidates(self) -> int:
         return self.n
@@ -126,6 +158,8 @@ class SpeculativeRejection(MethodParams):
         description="Schedule 'memory': fraction of the pool's KV space (models.kv_cache_mb, or the device's free "
         "memory) that the prompts' spaces may fill.",
     )
+    stop_after_verified: int | None = stop_after_verified_field()
+    verdict_lag_steps: int = verdict_lag_steps_field()
 
     pool: ClassVar[bool] = True
     engines: ClassVar[frozenset[str]] = frozenset({"hf", "vllm"})

@@ -62,7 +62,7 @@ def problems_of(package: str, path: Path) -> list[str]:
 
 # Rooms of workers/, lowest first: a module imports only from its own room or a lower one (top-level modules of
 # workers/ are rooms of their own).
-WORKER_ROOMS = {"accounting": 1, "loading": 1, "vllm_runtime": 1, "decoding": 2, "scoring": 3, "candidates": 4,
+WORKER_ROOMS = {"accounting": 1, "loading": 1, "vllm_runtime": 1, "verifiers": 1, "decoding": 2, "scoring": 3, "candidates": 4,
                 "context": 5, "pool": 6, "engines": 7, "methods": 8, "actor": 9}
 
 

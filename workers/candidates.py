@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from workers.verifiers.verdict import Verdict, pass_at_k, pass_at_ks
+
 
 @dataclass
 class PromptInput:
@@ -22,6 +24,7 @@ class PromptInput:
     rng_key: int  # the prompt's key of the counter-based RNG (workers.decoding.sampling.prompt_key)
     limit: int  # most new tokens: max_new_tokens, capped by the target's context
     concepts: list[str] | None = None
+    columns: dict | None = None  # the dataset columns the reward and the verifier read (JobConfig.reward_columns)
 
 
 @dataclass
@@ -64,11 +67,12 @@ class MethodResult:
     stats: dict = field(default_factory=dict)
 
 
-def best_of(cands: list[Candidate]) -> int | None:
-    """Index of the highest-reward finished candidate (the lowest index on ties); None if none has a reward."""
+def best_of(cands: list[Candidate | None]) -> int | None:
+    """Index of the highest-reward finished candidate (the lowest index on ties; None entries are passed over); None
+    if none has a reward."""
     best, best_r = None, -math.inf
     for i, c in enumerate(cands):
-        if c.finish_reason != "rejected" and c.reward is not None and c.reward > best_r:
+        if c is not None and c.finish_reason != "rejected" and c.reward is not None and c.reward > best_r:
             best, best_r = i, c.reward
     return best
 
@@ -79,3 +83,37 @@ def reward_stats(cands: list[Candidate]) -> dict:
         return {"reward_mean": None, "reward_std": None}
     t = torch.tensor(rs, dtype=torch.float64)
     return {"reward_mean": float(t.mean()), "reward_std": float(t.std(unbiased=False))}
+
+
+def settle_verdicts(cands: list[Candidate], verdicts: dict[int, Verdict], as_reward: bool,
+                    own_best: int | None = None, ranks: bool = True) -> tuple[int | None, dict]:
+    """The answer and the verifier's stats of a prompt whose finished candidates `verdicts` judged (by index). A
+    method that does not rank its candidates by reward (`ranks` false: greedy, beam, the draft/target methods) keeps
+    its own answer `own_best`, and the verifier only says whether it verified.
+
+    1. Each judged candidate takes its verdict (`verified`, `answer`, `verifier_reason`); where the verifier is the
+       reward (`as_reward`: a math or code reward), its reward is 1.0 or 0.0.
+    2. The answer is the verified candidate with the highest reward (the ranker's); with none verified, the finished
+       one with the highest reward, and `best_verified` is false.
+    3. pass@1 and pass@k come from the judged candidates, only where none was cut before it finished: the finished
+       ones of a cut prompt are not a fair sample of the method's responses."""
+    for i, v in verdicts.items():
+        c = cands[i]
+        c.verified, c.answer, c.verifier_reason = v.verified, v.answer, v.reason
+        if as_reward:
+            c.reward = 1.0 if v.verified else 0.0
+    ok = [i for i in verdicts if cands[i].verified]
+    if not ranks:
+        best = own_best
+    else:
+        best = best_of([c if i in ok else None for i, c in enumerate(cands)]) if ok else best_of(cands)
+    n, c = len(verdicts), len(ok)
+    fair = n > 0 and all(x.finish_reason != "rejected" for x in cands)
+    stats = {
+        "judged_candidates": n,
+        "verified_candidates": c,
+        "best_verified": best is not None and cands[best].verified is True,
+        "pass_at_1": pass_at_k(n, c, 1) if fair else None,
+        "pass_at_k": [{"k": k, "value": pass_at_k(n, c, k)} for k in pass_at_ks(n)] if fair else None,
+    }
+    return best, stats

@@ -23,6 +23,7 @@ from workers.decoding.sampling import Warp
 from workers.scoring.items import Scored
 from workers.scoring.protocol import Scorer, Session
 from workers.scoring.scorers import Rescoring
+from workers.verifiers.verdict import Verifier
 
 
 @dataclass
@@ -36,6 +37,8 @@ class Context:
     seed: int
     target: torch.nn.Module | None = None
     draft: torch.nn.Module | None = None
+    verifier: Verifier | None = None  # judges finished candidates (models.verifier, or a math or code reward)
+    verdict_reward: bool = False  # the verifier is the reward: a judged candidate's reward is 1.0 or 0.0
 
     @cached_property
     def warp(self) -> Warp:
@@ -51,7 +54,8 @@ class Context:
         return self.tokenizer.decode(tokens, skip_special_tokens=True).strip()
 
     def scored(self, group: int, prompt: PromptInput, tokens: list[int], logprob: float | None = None) -> Scored:
-        return Scored(group, prompt.messages, self.decode(tokens), prompt.ids, list(tokens), prompt.concepts, logprob)
+        return Scored(group, prompt.messages, self.decode(tokens), prompt.ids, list(tokens), prompt.concepts, logprob,
+                      prompt.columns)
 
     def score(self, items: list[Scored]) -> list[float | None]:
         """Rewards of items; all None when no reward is configured (methods that rank require one)."""

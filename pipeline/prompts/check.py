@@ -272,6 +272,8 @@ def column_problems(schema: pa.Schema, config: JobConfig, spec: str) -> list[str
         check("models.reward.concepts_column", reward.concepts_column,
               lambda t: _is_list(t) and (_is_string(t.value_type) or pa.types.is_null(t.value_type)),
               "a list of strings")
+    for field, column in config.reward_column_fields():
+        check(field, column, lambda t: True, "")
     return problems
 
 

@@ -1,5 +1,6 @@
 """Row normalisation, pure functions testable without Ray: a source row becomes one normalised row
-(`INPUT_SCHEMA`): its prompt as chat messages, its id, its concepts, why it cannot run."""
+(`INPUT_SCHEMA`): its prompt as chat messages, its id, its concepts, the columns its reward reads, why it cannot
+run."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import json
 
 import pyarrow as pa
 
-from schemas.config import DataConfig
+from schemas.config import DataConfig, JobConfig
 from schemas.rows import MESSAGE, prompt_problem, shown_value, well_formed
 
 
@@ -17,6 +18,7 @@ INPUT_SCHEMA = pa.schema(
         ("prompt_id", pa.string()),
         ("prompt", pa.list_(MESSAGE)),
         ("concepts", pa.list_(pa.string())),
+        ("columns", pa.string()),  # the reward's columns (JobConfig.reward_columns) as one JSON object; null: none
         ("input_error", pa.string()),
         ("source_row", pa.int64()),
     ]
@@ -51,7 +53,26 @@ def normalise_prompt(value) -> tuple[list[dict], str | None]:
     return [{"role": m["role"], "content": m["content"]} for m in value], problem
 
 
-def normalise_row(row: dict, data: DataConfig, concepts_column: str | None) -> dict:
+def carried(config: JobConfig) -> dict:
+    """The normalisation's column arguments of a job (`normalise_row`'s `concepts_column` and `columns`): the
+    lexical reward's concepts, and the columns the reward and the verifier read."""
+    reward = config.models.reward
+    concepts = reward.concepts_column if reward is not None and reward.kind == "lexical" else None
+    return {"concepts_column": concepts, "columns": tuple(config.reward_columns)}
+
+
+def columns_json(row: dict, columns) -> tuple[str | None, str | None]:
+    """The row's `columns` as one JSON object (values as JSON gives them; what JSON cannot hold, such as a date, as
+    its text), and why the row cannot run: a column that is null or absent in it. (None, None) without columns."""
+    if not columns:
+        return None, None
+    missing = [c for c in columns if row.get(c) is None]
+    if missing:
+        return None, f"reward column {missing[0]!r} is null"
+    return json.dumps({c: row[c] for c in columns}, ensure_ascii=False, default=str), None
+
+
+def normalise_row(row: dict, data: DataConfig, concepts_column: str | None, columns: tuple[str, ...] = ()) -> dict:
     """One source row as a normalised row (without `source_row`; `assign_unique_ids` adds it)."""
     value = row.get(data.prompt_column)
     messages, error = normalise_prompt(value)
@@ -63,21 +84,24 @@ def normalise_row(row: dict, data: DataConfig, concepts_column: str | None) -> d
         if pid is None or not pid.strip():
             error = error or f"id column {data.id_column!r} is empty"
             pid = "<no id>"
-    out = {"prompt_id": pid, "prompt": messages, "concepts": None, "input_error": error}
+    carried_columns, problem = columns_json(row, columns)
+    out = {"prompt_id": pid, "prompt": messages, "concepts": None, "columns": carried_columns,
+           "input_error": error or problem}
     if concepts_column is not None:
         concepts = row.get(concepts_column)
         if concepts is None:
-            out["input_error"] = error or f"concepts column {concepts_column!r} is null"
+            out["input_error"] = out["input_error"] or f"concepts column {concepts_column!r} is null"
         elif not concepts:
-            out["input_error"] = error or f"concepts column {concepts_column!r} is an empty list"
+            out["input_error"] = out["input_error"] or f"concepts column {concepts_column!r} is an empty list"
         else:
             out["concepts"] = [str(c) for c in concepts]
     return out
 
 
-def normalise_batch(batch: pa.Table, data: DataConfig, concepts_column: str | None) -> pa.Table:
+def normalise_batch(batch: pa.Table, data: DataConfig, concepts_column: str | None,
+                    columns: tuple[str, ...] = ()) -> pa.Table:
     """A Ray Data batch of source rows -> normalised rows (one per input row, same order)."""
-    rows = [normalise_row(r, data, concepts_column) for r in batch.to_pylist()]
+    rows = [normalise_row(r, data, concepts_column, columns) for r in batch.to_pylist()]
     for r in rows:
         r["source_row"] = -1  # set on the driver once the global order is known
     return pa.Table.from_pylist(rows, schema=INPUT_SCHEMA)

@@ -18,7 +18,7 @@ from pipeline.prompts.check import (
     shown_path,
     value_types,
 )
-from pipeline.prompts.normalise import INPUT_SCHEMA, assign_unique_ids, normalise_batch, normalise_row
+from pipeline.prompts.normalise import INPUT_SCHEMA, assign_unique_ids, carried, normalise_batch, normalise_row
 from pipeline.prompts.source import Source
 from pipeline.raydata import data_context, short_error
 from schemas.base import InputError
@@ -114,7 +114,7 @@ def read_source(source: Source, id_column: str | None = None):
 PYTHON_ROWS_PER_TABLE = 10_000
 
 
-def json_file_rows(batch: pa.Table, data: DataConfig, concepts_column: str | None):
+def json_file_rows(batch: pa.Table, data: DataConfig, concepts_column: str | None, columns: tuple[str, ...] = ()):
     """The "python" JSON reader (Ray Data batches of one file each, column ``bytes``): each file's rows, line by line
     (or the elements of a one-document array), as normalised rows (`INPUT_SCHEMA`), in order. Values are taken as
     JSON gives them: an id may be an integer on one line and a string on the next (it becomes a string either way),
@@ -128,7 +128,7 @@ def json_file_rows(batch: pa.Table, data: DataConfig, concepts_column: str | Non
             rows = (json.loads(line) for line in text.split("\n") if line.strip())  # not splitlines: U+2028 is text
         out = []
         for row in rows:
-            out.append(_python_row(row, data, concepts_column))
+            out.append(_python_row(row, data, concepts_column, columns))
             if len(out) >= PYTHON_ROWS_PER_TABLE:
                 yield pa.Table.from_pylist(out, schema=INPUT_SCHEMA)
                 out = []
@@ -136,7 +136,7 @@ def json_file_rows(batch: pa.Table, data: DataConfig, concepts_column: str | Non
             yield pa.Table.from_pylist(out, schema=INPUT_SCHEMA)
 
 
-def _python_row(row: dict, data: DataConfig, concepts_column: str | None) -> dict:
+def _python_row(row: dict, data: DataConfig, concepts_column: str | None, columns: tuple[str, ...] = ()) -> dict:
     """`normalise_row` for a row parsed by json, whose values were not typed by a column: an id must be a string
     or an integer, concepts a list of strings, else the row becomes an error row saying so."""
     problem = None
@@ -151,7 +151,7 @@ def _python_row(row: dict, data: DataConfig, concepts_column: str | None) -> dic
         if concepts is not None and not (isinstance(concepts, list) and all(isinstance(c, str) for c in concepts)):
             problem = problem or f"concepts column {concepts_column!r} is not a list of strings"
             row = {**row, concepts_column: None}
-    out = normalise_row(row, data, concepts_column)
+    out = normalise_row(row, data, concepts_column, columns)
     if problem is not None:
         out["input_error"] = problem
     out["source_row"] = -1
@@ -159,11 +159,6 @@ def _python_row(row: dict, data: DataConfig, concepts_column: str | None) -> dic
 
 
 READ_CONTEXT = {"preserve_order": True, "use_datasource_v2": False}
-
-
-def _concepts_column(config: JobConfig) -> str | None:
-    reward = config.models.reward
-    return reward.concepts_column if reward is not None and reward.kind == "lexical" else None
 
 
 def normalised_dataset(config: JobConfig, source: Source):
@@ -181,7 +176,7 @@ def normalised_dataset(config: JobConfig, source: Source):
             if problems:
                 raise InputError(problems)
         ds = read_first(read_source(source), source, config.data.limit).map_batches(
-            json_file_rows, fn_kwargs={"data": config.data, "concepts_column": _concepts_column(config)},
+            json_file_rows, fn_kwargs={"data": config.data, **carried(config)},
             batch_size=1, batch_format="pyarrow", num_cpus=0, compute=ray.data.TaskPoolStrategy(size=cluster_cpus()),
         )
         return ds.limit(config.data.limit) if config.data.limit is not None else ds
@@ -205,7 +200,7 @@ def normalised_dataset(config: JobConfig, source: Source):
         ds = ds.limit(config.data.limit)
     return ds.map_batches(
         normalise_batch,
-        fn_kwargs={"data": config.data, "concepts_column": _concepts_column(config)},
+        fn_kwargs={"data": config.data, **carried(config)},
         batch_format="pyarrow",
         num_cpus=0,  # cheap; must not wait behind actors holding every CPU of a small cluster
         # ... but a task asking for no CPU is not held back by the CPUs either: without a cap Ray Data ran 12-15 of

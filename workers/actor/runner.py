@@ -26,11 +26,11 @@ import time
 
 import torch
 
-from schemas.config import MODEL_REWARDS, JobConfig
+from schemas.config import MODEL_REWARDS, VERIFIER_REWARDS, JobConfig
 from schemas.methods import Sampling
 from schemas.rows import error_row, prompt_problem
 from workers.accounting.cost import Meter
-from workers.candidates import PromptInput
+from workers.candidates import PromptInput, settle_verdicts
 from workers.context import Context
 from workers.decoding.sampling import prompt_key
 from workers.engines.hf import HfEngine
@@ -45,6 +45,8 @@ from workers.scoring.process_reward import ProcessRewardScorer, Steps
 from workers.scoring.protocol import Scorer
 from workers.scoring.reward_model import RewardModelScorer
 from workers.scoring.scorers import LexicalScorer, LogprobScorer, PythonScorer
+from workers.verifiers.user_function import PythonVerifier
+from workers.verifiers.verdict import Verifier
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +83,30 @@ def load_reward(config: JobConfig, engine: Engine) -> Scorer | None:
         return LogprobScorer(engine.target, engine.pad_id, r.batch_tokens)
     if r.kind == "lexical":
         return LexicalScorer()
-    return PythonScorer(r.function)
+    if r.kind == "python":
+        return PythonScorer(r.function, r.timeout_s, r.columns)
+    return None  # a math or code reward: the verifier is the reward (`load_verifier`)
+
+
+def load_verifier(config: JobConfig) -> Verifier | None:
+    """The verifier of the job (`JobConfig.verifier`: models.verifier, or a math or code reward), judging with as
+    many workers as the actor has CPUs unless its `workers` says otherwise; None without one."""
+    v = config.verifier
+    if v is None:
+        return None
+    workers = v.workers if getattr(v, "workers", None) is not None else max(1, int(config.resources.cpus_per_worker))
+    if v.kind == "math":
+        from workers.verifiers.math_verifier import MathVerifier
+
+        return MathVerifier(v.answer_column, v.timeout_s, workers)
+    if v.kind == "code":
+        from workers.verifiers.code_verifier import CodeVerifier
+        from workers.verifiers.sandbox import Limits
+
+        limits = Limits(wall_s=v.timeout_s, cpu_s=v.cpu_s, memory_mb=v.memory_mb, processes=v.processes,
+                        output_bytes=v.output_kb * 1024)
+        return CodeVerifier(v.tests_column, v.sandbox, limits, workers, v.python)
+    return PythonVerifier(v.function, v.timeout_s, v.columns)
 
 
 class Runner:
@@ -111,6 +136,8 @@ class Runner:
                         "against a context length (each response may still take generation.max_new_tokens)",
                         config.models.target)
         self.reward: Scorer | None = share.reward if share is not None else load_reward(config, self.engine)
+        self.verifier: Verifier | None = share.verifier if share is not None else load_verifier(config)
+        self.verdict_reward = getattr(config.models.reward, "kind", None) in VERIFIER_REWARDS
         self.engine.start()  # vLLM's engine, after the reward model: its CPU worker pins this process's threads
         self.devices = config.resources.gpus_per_worker or 1.0  # what an actor's busy time is multiplied by
         self.loop = None
@@ -149,7 +176,7 @@ class Runner:
             room = None if self.context_length is None else self.context_length - len(ids)
             limit = max_new_tokens if room is None else min(max_new_tokens, room)
             prompt = PromptInput(item["prompt_id"], item["prompt"], ids, prompt_key(item["prompt_id"]), limit,
-                                 list(concepts) if concepts is not None else None)
+                                 list(concepts) if concepts is not None else None, item.get("columns"))
             ready.append((i, prompt))
         return ready, errors
 
@@ -158,7 +185,8 @@ class Runner:
         method's sampling (`Context.for_method`) and the seed, and the hf engine's models."""
         e = self.engine
         ctx = Context(self.decoding_tokenizer, self.eos_ids, self.pad_id, self.reward, meter,
-                      Sampling.of(self.config.generation), self.config.seed, target=e.target, draft=e.draft)
+                      Sampling.of(self.config.generation), self.config.seed, target=e.target, draft=e.draft,
+                      verifier=self.verifier, verdict_reward=self.verdict_reward)
         return ctx.for_method(self.params)
 
     def open_pool(self, meter: Meter) -> Pool:
@@ -199,11 +227,26 @@ class Runner:
             ctx = self.context_for(meter)
             results = run_method(ctx, self.params, ps)
             self.engine.synchronize()
+            if self.verifier is not None:  # judged before the cost window closes: the actor waits for it
+                self._judge(ps, results)
             costs = meter.per_prompt(self.devices)  # the cost window closes here
             add_perplexities(ctx, ps, results)
             out += [Outcome(r, c, int(t)) for r, c, t in zip(results, costs, meter.reward_inputs_truncated.tolist())]
             started = time.perf_counter()
         return out
+
+    def _judge(self, prompts: list[PromptInput], results: list) -> None:
+        """The verifier's verdicts on the finished candidates of a method with a loop of its own, all submitted at
+        once (judged in parallel), then settled as a pool settles them (`settle_verdicts`)."""
+        futures = []
+        for p, res in zip(prompts, results):
+            futures.append({i: self.verifier.submit(c.text, p.columns or {}, p.messages)
+                            for i, c in enumerate(res.candidates) if c.finish_reason != "rejected"})
+        for res, judged in zip(results, futures):
+            verdicts = {i: f.result() for i, f in judged.items()}
+            res.best_index, checked = settle_verdicts(res.candidates, verdicts, self.verdict_reward, res.best_index,
+                                                      ranks=self.params.ranks_by_reward)
+            res.stats.update(checked)
 
     def row(self, p: PromptInput, o: Outcome) -> dict:
         """Prompt p's output row (schemas.rows.ROW_SCHEMA) from its outcome: the method's result, its cost struct,

@@ -25,7 +25,7 @@ from typing import Sequence
 import torch
 
 from schemas.methods import MethodParams
-from workers.candidates import Candidate, MethodResult, PromptInput, best_of, reward_stats
+from workers.candidates import Candidate, MethodResult, PromptInput, best_of, reward_stats, settle_verdicts
 from workers.context import Context
 from workers.pool.decoder import Decoder, Key, Seq
 from workers.pool.schedules import NoDecisions, pool_space, rejection_cut, schedule_for
@@ -41,6 +41,10 @@ class PromptState:
     decisions: list[int] = field(default_factory=list)  # its longest running response at each decision
     unscored: list[int] = field(default_factory=list)  # candidates ended since its last decision, no reward yet
     started: bool = False
+    steps: int = 0  # decoding steps it has run in since it started
+    verdicts: dict = field(default_factory=dict)  # cand -> the verifier's future verdict, for its finished candidates
+    counting: list[tuple[int, int]] = field(default_factory=list)  # (step, cand): verdicts the stop rule counts then
+    verified: int = 0  # candidates the stop rule has counted as verified
 
     @property
     def ended(self) -> bool:
@@ -57,9 +61,11 @@ class Pool:
     while it decodes. `n` candidates per prompt, rejection quantile `alpha`, decision schedule `schedule`."""
 
     def __init__(self, ctx: Context, decoder: Decoder, n: int, alpha: float = 0.0, schedule: NoDecisions | None = None,
-                 space: int | None = None):
-        """`space`: the bytes the running prompts may hold in all (default: the decoder's KV space)."""
-        self.ctx, self.decoder, self.n, self.alpha = ctx, decoder, n, alpha
+                 space: int | None = None, stop: tuple[int, int] | None = None):
+        """`space`: the bytes the running prompts may hold in all (default: the decoder's KV space). `stop`: (k, lag)
+        of the stop rule (a prompt stops once k of its candidates verified, a verdict counting `lag` steps after its
+        candidate ended: `MethodParams.stop_rule`), or None."""
+        self.ctx, self.decoder, self.n, self.alpha, self.stop = ctx, decoder, n, alpha, stop
         self.schedule = schedule if schedule is not None else NoDecisions()
         self.space = space if space is not None else decoder.kv_space()
         self.prompts: dict[int, PromptState] = {}  # by group
@@ -73,7 +79,7 @@ class Pool:
         """The pool of a pool method's parameters (schemas.methods: n, alpha and the schedule of Speculative
         Rejection; one candidate for the single-response methods), with the KV space the method gives it."""
         return cls(ctx, decoder, params.candidates(), params.alpha_(), schedule_for(params, decoder),
-                   pool_space(params, decoder.kv_space()))
+                   pool_space(params, decoder.kv_space()), params.stop_rule())
 
     # -- prompts in and out ----------------------------------------------------------------------------------------
     def add(self, prompts: list[PromptInput]) -> list[int]:
@@ -104,15 +110,19 @@ class Pool:
         own decoding whether it started this turn or long before: admission only moves when prompts start."""
         self._harvest()
         self._round({g: s.prompt for g, s in self.prompts.items() if s.started})
+        self._stop_verified()
         started = self._admit()
         if started:
             self._harvest()  # a fresh candidate's first token may already end it
             self._round({g: self.prompts[g].prompt for g in started})
+            self._stop_verified()
         if not self.live:
             return bool(self.waiting)
         running = [(g, s.running) for g, s in self.prompts.items() if s.started and s.running]
         self.ctx.meter.count_step(torch.tensor([g for g, _ in running]), torch.tensor([r for _, r in running]))
         self.decoder.step()
+        for g, _ in running:
+            self.prompts[g].steps += 1
         return True
 
     def _round(self, prompts: dict[int, PromptInput]) -> None:
@@ -161,12 +171,41 @@ class Pool:
         return groups
 
     def _harvest(self) -> None:
+        """Take the sequences that ended: each becomes its prompt's candidate, to be scored, and goes to the verifier
+        at once, which judges it beside decoding."""
+        verifier = self.ctx.verifier
         for (g, c), tokens, logprob in self.decoder.finished():
             state = self.prompts[g]
-            state.candidates[c] = Candidate(tokens, self.ctx.finish_reason(tokens), logprob=logprob)
+            cand = state.candidates[c] = Candidate(tokens, self.ctx.finish_reason(tokens), logprob=logprob)
             state.unscored.append(c)
             self.live -= 1
+            if verifier is not None:
+                cand.text = self.ctx.decode(tokens)
+                state.verdicts[c] = verifier.submit(cand.text, state.prompt.columns or {}, state.prompt.messages)
+                if self.stop is not None:
+                    state.counting.append((state.steps + self.stop[1], c))
 
+    def _stop_verified(self) -> None:
+        """The stop rule (`stop`): each verdict counts at its step (its candidate's end, plus the lag), the actor
+        waiting for it there if it is not in yet, so that the rows do not depend on when verdicts arrive. A prompt
+        with k verified candidates is stopped: its running candidates are cut."""
+        if self.stop is None:
+            return
+        k, _ = self.stop
+        stopping = set()
+        for g, state in self.prompts.items():
+            due = [c for step, c in state.counting if step <= state.steps]
+            if not due:
+                continue
+            state.counting = [(step, c) for step, c in state.counting if step > state.steps]
+            state.verified += sum(state.verdicts[c].result().verified for c in due)
+            if state.verified >= k and state.running:
+                stopping.add(g)
+        if stopping:
+            cut = [s for s in self.decoder.running() if s.key[0] in stopping]
+            self._cut(cut)
+            if self.scoring is not None:
+                self.scoring.release([s.key for s in cut])
     def _session(self):
         if self.scoring is None:
             self.scoring = self.ctx.reward_session()
@@ -208,19 +247,34 @@ class Pool:
             kept.update(idx[k] for k in rejection_cut([scores[i] for i in idx], finished[g], self.alpha))
         rejected = [live[i] for i in range(len(live)) if i not in kept]
         counts = dict.fromkeys(of_group, 0)
-        for (g, c), tokens, logprob in rejected:
-            self.prompts[g].candidates[c] = Candidate(tokens, "rejected", logprob=logprob)
+        for (g, _), _, _ in rejected:
             counts[g] += 1
-        self.decoder.drop([s.key for s in rejected])
-        self.live -= len(rejected)
+        self._cut(rejected)
         self._session().release(done + [s.key for s in rejected])
         return counts
 
+    def _cut(self, seqs: Sequence[Seq]) -> None:
+        """Running sequences stopped before they finished (a rejection round's, or the stop rule's): each becomes a
+        rejected candidate and leaves the decoder."""
+        for (g, c), tokens, logprob in seqs:
+            self.prompts[g].candidates[c] = Candidate(tokens, "rejected", logprob=logprob)
+        self.decoder.drop([s.key for s in seqs])
+        self.live -= len(seqs)
+
     # -- prompts whose candidates have all ended -------------------------------------------------------------------
     def ended(self, groups: Sequence[int]) -> list[int]:
-        """The prompts among `groups` whose every candidate has ended, with their final rewards given (one scoring
-        call for all of them; their candidates leave the reward session)."""
+        """The prompts among `groups` whose every candidate has ended and been judged by the verifier, with their final
+        rewards given (one scoring call for all of them; their candidates leave the reward session). Verdicts not in
+        yet are waited for only when nothing else runs or waits; a prompt leaves the pool when its last one is in,
+        which changes nothing of the others' decoding."""
         ended = [g for g in sorted(groups) if self.prompts[g].ended]
+        if self.ctx.verifier is not None:
+            idle = not self.live and not self.waiting
+            for g in ended:
+                if idle:
+                    for v in self.prompts[g].verdicts.values():
+                        v.result()
+            ended = [g for g in ended if all(v.done() for v in self.prompts[g].verdicts.values())]
         done = [(g, c) for g in ended for c in self.prompts[g].unscored]
         for g in ended:
             self.prompts[g].unscored = []
@@ -236,7 +290,8 @@ class Pool:
         state = self.prompts[g]
         cands = state.candidates
         for c, cand in enumerate(cands):
-            cand.text = self.ctx.decode(cand.tokens)
+            if c not in state.verdicts:  # a judged candidate's text was decoded for its verifier
+                cand.text = self.ctx.decode(cand.tokens)
             cand.partial_rewards = state.partials.get(c, [])
         stats = {
             "generated_tokens": sum(len(c.tokens) for c in cands),
@@ -248,6 +303,10 @@ class Pool:
             **self.schedule.stats(state.prompt),
         }
         best = 0 if self.n == 1 else best_of(cands)  # eq. 6
+        if self.ctx.verifier is not None:  # the best-ranked verified candidate
+            verdicts = {c: v.result() for c, v in state.verdicts.items()}
+            best, checked = settle_verdicts(cands, verdicts, self.ctx.verdict_reward, best, self.n > 1)
+            stats.update(checked, **reward_stats(cands))
         if best is not None:
             stats["perplexity"] = cands[best].perplexity()
         return MethodResult(cands, best, stats)

@@ -27,6 +27,7 @@ class Scored:
     response_ids: list[int]  # the response tokens under the target tokenizer
     concepts: list[str] | None = None
     logprob: float | None = None
+    row: dict | None = None  # the prompt's dataset columns the reward reads (its `columns`), where it names any
 
 
 def once_per_input(inputs: list[Hashable], score: Callable[[list[int]], list]) -> list:

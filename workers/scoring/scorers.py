@@ -7,10 +7,6 @@ returns one float per item: `LogprobScorer` (mean token log-probability under th
 
 from __future__ import annotations
 
-import importlib
-import inspect
-import math
-import traceback
 from typing import Callable, Hashable, Sequence
 
 import torch
@@ -19,6 +15,7 @@ from lexical import concept_coverage
 from workers.accounting.cost import Meter
 from workers.decoding.logprobs import response_logprobs
 from workers.scoring.items import Scored, once_per_input, token_budget_batches
+from workers.verifiers.user_function import UserFunction
 
 
 class Rescoring:
@@ -98,7 +95,8 @@ class LexicalScorer:
 
 
 class PythonScorer:
-    """A user function `f(prompts, texts) -> list[float]` named as `module:function`."""
+    """A user function `f(prompts, texts[, rows]) -> list[float]` named as `module:function`
+    (`workers.verifiers.user_function`: what it is handed, and its time limit per call)."""
 
     cuts_inputs = False
     session_kv_bytes_per_token = 0
@@ -106,43 +104,9 @@ class PythonScorer:
     def session(self, meter: Meter) -> Rescoring:
         return Rescoring(lambda items: self(items, meter))
 
-    def __init__(self, path: str):
-        module, _, name = path.partition(":")
-        try:
-            self.fn: Callable = getattr(importlib.import_module(module), name)
-        except (ImportError, AttributeError) as err:
-            raise ValueError(f"models.reward.function: cannot import {path!r}: {err}") from None
+    def __init__(self, path: str, timeout_s: float = 120.0, columns: list[str] | None = None):
+        self.fn = UserFunction(path, "models.reward.function", timeout_s, list(columns or []))
         self.path = path
 
     def __call__(self, items: list[Scored], meter: Meter) -> list[float]:
-        where = f"models.reward.function: {self.path}"
-        try:
-            values = self.fn([it.prompt for it in items], [it.text for it in items])
-        except Exception as err:  # the user's code: its failure is named as the reward's, with its own message
-            frame = traceback.extract_tb(err.__traceback__)[-1]
-            raise RuntimeError(f"{where} raised {type(err).__name__}: {err} (at {frame.filename}:{frame.lineno})"
-                               ) from None  # one cause, the reward's: the first line Ray's failure shows
-        if inspect.isawaitable(values):
-            raise RuntimeError(f"{where} returned an awaitable: it is asynchronous; the reward calls it "
-                               "synchronously, so wrap it: def f(prompts, texts): return asyncio.run(g(...))")
-        shown = repr(values)
-        shown = shown if len(shown) <= 80 else shown[:77] + "..."
-        if isinstance(values, (str, bytes, dict)) or not hasattr(values, "__iter__"):
-            raise RuntimeError(f"{where} returned {type(values).__name__} {shown}; it must return a list of "
-                               f"{len(items)} floats, one per text")
-        values = list(values)
-        if len(values) != len(items):
-            raise RuntimeError(f"{where} returned {len(values)} values for {len(items)} texts")
-        out = []
-        for i, v in enumerate(values):
-            if isinstance(v, (str, bytes)) or v is None:
-                raise RuntimeError(f"{where} returned {v!r} (a {type(v).__name__}) at index {i}; it must return "
-                                   "floats")
-            try:
-                out.append(float(v))
-            except (TypeError, ValueError):
-                raise RuntimeError(f"{where} returned {v!r} (a {type(v).__name__}) at index {i}; it must return "
-                                   "floats") from None
-        if not all(math.isfinite(v) for v in out):
-            raise RuntimeError(f"{where} returned a non-finite value (nan or inf)")
-        return out
+        return self.fn.floats([it.prompt for it in items], [it.text for it in items], [it.row or {} for it in items])
