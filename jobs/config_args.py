@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 from jobs.errors import EXIT_BAD_INPUT
@@ -12,6 +13,18 @@ from schemas.config import JobConfig, load_config
 
 class ArgumentError(Exception):
     """Bad command-line arguments (argparse's message, exit status 2)."""
+
+
+def finite_float(text: str) -> float:
+    """The argparse type of every float flag: a finite number; nan, inf and -inf are refused (exit 2), since a
+    threshold of nan passes or fails every comparison silently."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number (nan, inf and -inf are refused)")
+    return value
 
 
 class Parser(argparse.ArgumentParser):

@@ -30,9 +30,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="override a recipe key by its dotted path, e.g. --set rounds=2 (repeatable)")
     try:
         args = config_args.parse(p, argv)
-        from rounds.config import load_recipe
+        from rounds.config import read_recipe
 
-        config = load_recipe(args.config, args.overrides)
+        checked = read_recipe(args.config, args.overrides)  # its problems are said with every later check's
     except (config_args.ArgumentError, ConfigError, InputError) as err:
         return config_args.report(PROG, err)
     except SystemExit as exc:  # --help
@@ -44,8 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     from rounds.recipe import Interrupted, Recipe, StepFailed
 
     command = " ".join([PROG, *map(shlex.quote, argv)])
-    recipe = Recipe(config, command, generate=generate.main, concept_sets=concept_sets.split,
-                    resolve=assets.resolve, log=lambda line: print(line, flush=True))
+    recipe = Recipe(checked.config, command, generate=generate.main, concept_sets=concept_sets.split,
+                    resolve=assets.resolve, log=lambda line: print(line, flush=True), problems=checked.problems,
+                    broken=checked.broken)
     try:
         with interrupts():  # SIGTERM ends the recipe like Ctrl-C: its manifest says where it stopped
             summary = recipe.run()

@@ -2,8 +2,9 @@
 
 Besides the schema, it checks the model folders (`pipeline.preflight`) and the data source as far as the driver
 reads it before Ray starts (`pipeline.prompts.check_source`: a local file's encoding, lines, footers and columns; a
-remote one's existence), unless `--schema-only` (for a config whose paths exist only on the cluster). Rows that a
-remote source holds are read by Ray in `winnow generate`.
+remote one's existence), and that an S3 output.path can be used from here (credentials, endpoint, bucket), unless
+`--schema-only` (for a config whose paths exist only on the cluster). Rows that a remote source holds are read by Ray
+in `winnow generate`.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import yaml
 
 from jobs import config_args
 from jobs.errors import EXIT_OK
-from pipeline.preflight import model_problems
+from pipeline.preflight import location_problem, model_problems
 from pipeline.prompts import check_source
 from schemas.base import ConfigError, InputError
 
@@ -29,7 +30,8 @@ def main(argv: list[str] | None = None) -> int:
         args = config_args.parse(p, argv)
         config = config_args.load(args)
         if not args.schema_only:
-            problems = model_problems(config)
+            problems = [line for line in [location_problem("output.path", config.output.path)] if line]
+            problems += model_problems(config)
             try:
                 check_source(config)
             except InputError as err:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -165,13 +166,56 @@ class RecipeConfig(Strict):
         return json.dumps(dump, sort_keys=True)
 
 
-def validate_recipe(data, source: str | None = None) -> RecipeConfig:
+# What a required section that breaks a rule is replaced by, so that the rest of the recipe is still checked (its
+# problems are said with the section's own); the checks of `rounds.recipe.Recipe.check` leave such a section out.
+STAND_INS = {"name": "recipe", "out": "recipe", "model": "builtin:tiny-target", "reward": {"kind": "logprob"},
+             "sources": {"source": {"name": "greedy"}}}
+
+
+@dataclass(frozen=True)
+class CheckedRecipe:
+    """A recipe checked section by section: `config` with every top-level section that broke a rule replaced by
+    its default (or its stand-in, `STAND_INS`), the `problems` found, by field, and the sections replaced
+    (`broken`), which the later checks leave out."""
+
+    config: RecipeConfig
+    problems: list[str]
+    broken: frozenset[str]
+
+
+def check_recipe(data, source: str | None = None) -> CheckedRecipe:
+    """Validate a recipe, keeping on past its broken sections (`CheckedRecipe`), so that the recipe's later checks
+    (`rounds.recipe.Recipe.check`: every job config it makes, the models, the prompts) run too and every problem is
+    said at once. ConfigError only when `data` is not a mapping of sections."""
     if not isinstance(data, dict):
         raise ConfigError([f"(recipe): expected a mapping of sections, got {type(data).__name__}"], source)
     try:
-        return RecipeConfig.model_validate(data)
+        return CheckedRecipe(RecipeConfig.model_validate(data), [], frozenset())
     except ValidationError as err:
-        raise ConfigError(describe_validation_error(err), source) from None
+        problems = describe_validation_error(err, RecipeConfig)
+        broken = frozenset(str(e["loc"][0]) for e in err.errors() if e["loc"])
+    kept = {key: value for key, value in data.items() if key not in broken}
+    kept.update({key: STAND_INS[key] for key in broken if key in STAND_INS})
+    try:
+        config = RecipeConfig.model_validate(kept)
+    except ValidationError:  # a rule across sections: nothing more can be checked than the sections' own problems
+        raise ConfigError(problems, source) from None
+    return CheckedRecipe(config, problems, broken)
+
+
+def validate_recipe(data, source: str | None = None) -> RecipeConfig:
+    """The recipe config; ConfigError naming every problem of its sections otherwise."""
+    checked = check_recipe(data, source)
+    if checked.problems:
+        raise ConfigError(checked.problems, source)
+    return checked.config
+
+
+def read_recipe(path: str | Path, overrides: list[str] | None = None) -> CheckedRecipe:
+    """Read a recipe YAML, apply ``--set`` overrides and check it section by section (`check_recipe`); ConfigError
+    when the file cannot be read as a mapping."""
+    raw = read_yaml_mapping(path, "recipe", "recipe config")
+    return check_recipe(apply_overrides(raw, overrides or []), str(path))
 
 
 def load_recipe(path: str | Path, overrides: list[str] | None = None) -> RecipeConfig:

@@ -34,6 +34,7 @@ import copy
 import hashlib
 import json
 import os
+import shlex
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -41,15 +42,16 @@ from typing import Callable
 import yaml
 
 from pipeline.preflight import model_problems
+from pipeline.prompts import check_source
 from reporting.rounds import CostOf, ModelLineage, add_costs, read_lineage, run_costs, write_lineage
-from rounds.config import RecipeConfig
+from rounds.config import RECIPE_MODEL_KEYS, RecipeConfig
 from rounds.ledger import Ledger, flat_diff
 from rounds.train import INSTALL, fine_tune, missing_packages
 from runfolder.folder import store
 from runfolder.lease import LEASE_FILE, Lease, lease_path
 from runfolder.runs import load_run, load_runs
 from schemas.base import ConfigError, InputError
-from schemas.config import validate_config
+from schemas.config import JobConfig, validate_config
 from sftdata.select import DROP_REASONS, Selection, parse_select, select
 from sftdata.write import HF_DIR, write_sft
 
@@ -112,8 +114,13 @@ class Recipe:
     """One recipe folder and its config; `run` does every step not yet done (module docstring)."""
 
     def __init__(self, config: RecipeConfig, command: str, generate: Callable[[list[str]], int],
-                 concept_sets: Callable, resolve: Callable[[str], str], log: Callable[[str], None] = print):
+                 concept_sets: Callable, resolve: Callable[[str], str], log: Callable[[str], None] = print,
+                 problems: list[str] | None = None, broken: frozenset[str] = frozenset()):
+        """`problems` and `broken`: what `rounds.config.check_recipe` found in the recipe's sections and which
+        sections it replaced; `check` says them with every other problem, and leaves those sections out."""
         self.config = config
+        self.schema_problems = list(problems or [])
+        self.broken = broken
         self.command = command
         self.generate = generate
         self.concept_sets = concept_sets
@@ -200,17 +207,13 @@ class Recipe:
     # -- checks before anything is written -----------------------------------------------------------------------
 
     def check(self, ledger: Ledger | None) -> None:
-        """Every problem at once (InputError); nothing is written."""
-        problems: list[str] = []
-        if "://" in self.config.out:
-            problems.append(f"out: {self.config.out!r}: the recipe's folder must be local (models are trained and "
-                            "saved there)")
-            raise InputError(problems)
-        if os.path.isfile(self.root):
-            problems.append(f"out: {self.root} is a file, not a folder")
-        elif ledger is None and os.path.isdir(self.root) and set(os.listdir(self.root)) - {LEASE_FILE}:
-            problems.append(f"out: {self.root} exists, is not empty and holds no {self.at('recipe.json')}; give "
-                            "an empty or new folder")
+        """Every problem of every stage at once (InputError), before any step runs; nothing is written: the recipe's
+        sections (`rounds.config.check_recipe`), its folder, the job config of every step, the models, the prompts,
+        the training's packages, and the finished steps' settings. A section that broke a rule is left out of the
+        later checks (its stand-in would be checked instead)."""
+        problems: list[str] = list(self.schema_problems)
+        if "out" not in self.broken:
+            problems += self.out_problems(ledger)
         seen: dict[str, str] = {}
         first_eval = None
         for step in self.steps:
@@ -227,18 +230,24 @@ class Recipe:
         for line, step_id in seen.items():
             problems.append(f"the job config of {step_id} (and perhaps others): {line}; the recipe's `job`, "
                             "`reward`, `sources` or `evaluation` set it")
+        if first_eval is None and seen:  # the models are checked all the same, in a config of the recipe's own keys
+            first_eval = self.own_config(next(s for s in self.steps if s.kind == "generate"))
         if first_eval is not None:
             renamed = {"models.target": "model", "models.reward.path": "reward.path",
-                       "models.draft": "job.models.draft"}
+                       "models.reward.function": "reward.function", "models.draft": "job.models.draft"}
             for line in model_problems(first_eval):
                 field, _, rest = line.partition(": ")
-                problems.append(f"{renamed.get(field, field)}: {rest}" if field in renamed else line)
+                name = renamed.get(field, field)
+                if name.split(".")[0] not in self.broken:  # a broken section's stand-in is not the user's
+                    problems.append(f"{name}: {rest}" if field in renamed else line)
+        if "prompts" not in self.broken:
+            problems += self.prompts_problems()
         if self.config.rounds > 0:
             missing = missing_packages(self.config.train.lora is not None)
             if missing:
                 problems.append(f"train: training needs {', '.join(missing)} (the `train` extra), not installed "
                                 f"here; install it with: {INSTALL}")
-        if ledger is not None:
+        if ledger is not None and not self.broken:  # stand-ins are not the settings a step finished with
             for step in self.steps:
                 record = ledger.done(step.id)
                 if record is None:
@@ -251,6 +260,53 @@ class Recipe:
         if problems:
             raise InputError(problems)
 
+    def out_problems(self, ledger: Ledger | None) -> list[str]:
+        """Why `out` cannot be the recipe's folder: not local, a file, or a folder that holds something else."""
+        if "://" in self.config.out:
+            return [f"out: {self.config.out!r}: the recipe's folder must be local (models are trained and saved "
+                    "there)"]
+        if os.path.isfile(self.root):
+            return [f"out: {self.root} is a file, not a folder"]
+        if ledger is None and os.path.isdir(self.root) and set(os.listdir(self.root)) - {LEASE_FILE}:
+            return [f"out: {self.root} exists, is not empty and holds no {self.at('recipe.json')}; give an empty "
+                    "or new folder"]
+        return []
+
+    def own_config(self, step: Step) -> JobConfig | None:
+        """The job config of a generate step from the recipe's own keys alone (no `job` keys: those may be what is
+        wrong), or None when even those break a rule (said with the job configs' problems)."""
+        own = {k: v for k, v in step.config.items() if k not in self.config.job}
+        own["models"] = {k: v for k, v in step.config["models"].items() if k in RECIPE_MODEL_KEYS}
+        try:
+            return validate_config(own)
+        except ConfigError:
+            return None
+
+    def prompts_problems(self) -> list[str]:
+        """What the prompts step would refuse, found before any step runs: more concept sets than the vocabulary
+        holds, or a training or held-out source that cannot be read (`pipeline.prompts.check_source`)."""
+        p = self.config.prompts
+        if p.vocabulary is not None:
+            if self.concept_sets is None:
+                return []
+            try:
+                self.concept_sets(p.vocabulary, p.train, p.heldout, p.seed)
+            except ValueError as err:
+                return [f"prompts: {err}"]
+            return []
+        problems = []
+        for split in ("heldout", "train"):
+            step = next((s for s in self.steps if s.kind == "generate"
+                         and (s.id.endswith("/data") == (split == "train"))), None)
+            config = self.own_config(step) if step is not None else None  # None: rounds: 0 reads no training prompts
+            if config is None:
+                continue
+            try:
+                check_source(config)
+            except InputError as err:
+                problems += [line.replace("data.source:", f"prompts.{split}_source:", 1) for line in err.problems]
+        return problems
+
     # -- running -------------------------------------------------------------------------------------------------
 
     def run(self) -> dict:
@@ -258,7 +314,7 @@ class Recipe:
         from rounds.summary import write_summary  # it imports the plots (matplotlib): only when a recipe runs
 
         try:
-            ledger = Ledger.read(self.root)
+            ledger = None if "out" in self.broken else Ledger.read(self.root)
         except (ValueError, OSError) as err:
             raise InputError(f"out: {err}") from None
         self.check(ledger)
@@ -319,20 +375,20 @@ class Recipe:
 
     def _generate(self, step: Step) -> dict:
         _write_atomic(step.yaml_path, yaml.safe_dump(step.config, sort_keys=False))
-        self.log(f"{step.id}: winnow generate {step.yaml_path}")
+        self.log(f"{step.id}: {generate_command(step)}")
         code = self.generate([step.yaml_path])
         if code == 2:
-            raise InputError(f"{step.id}: winnow generate {step.yaml_path} exited 2 (bad input: its message is "
+            raise InputError(f"{step.id}: {generate_command(step)} exited 2 (bad input: its message is "
                              "above)")
         if code == 130:
             raise KeyboardInterrupt
         if code != 0:
-            raise StepFailed(f"{step.id}: winnow generate {step.yaml_path} failed (exit {code}; its message is "
+            raise StepFailed(f"{step.id}: {generate_command(step)} failed (exit {code}; its message is "
                              "above); the rows it wrote are kept: run the same command again to continue")
         run = load_run(step.path)
         m = run.manifest
         rewards = [r["best_reward"] for r in run.rows if r["error"] is None and r["best_reward"] is not None]
-        return {"run": step.path, "config": step.yaml_path, "command": f"winnow generate {step.yaml_path}",
+        return {"run": step.path, "config": step.yaml_path, "command": generate_command(step),
                 "config_hash": m.config_hash, "rows": m.rows, "errors": m.errors,
                 "mean_best_reward": sum(rewards) / len(rewards) if rewards else None,
                 "device_seconds": m.cost.device_seconds, "usd": m.cost.usd}
@@ -356,8 +412,8 @@ class Recipe:
                  f"{result.prompts_seen} prompts (mean reward {sum(rewards) / len(rewards):.4f})")
         return {"sft": step.path, "examples": result.table.num_rows, "prompts_kept": result.prompts_kept,
                 "prompts_seen": result.prompts_seen, "mean_reward": sum(rewards) / len(rewards),
-                "dropped": {k: v for k, v in result.dropped.items() if v}, "command": "winnow build-sft "
-                + " ".join(argv)}
+                "dropped": {k: v for k, v in result.dropped.items() if v},
+                "command": shlex.join(["winnow", "build-sft", *argv])}
 
     def _train(self, step: Step) -> dict:
         k, source = step.round, step.source
@@ -405,6 +461,11 @@ class Recipe:
         self.log(f"{step.id}: {trained.method} in {trained.wall_seconds:.1f} s on {trained.device} "
                  f"({trained.steps} steps, {trained.tokens} tokens, mean loss {loss}) -> {step.path}")
         return {"model": step.path, "lineage": made["lineage"].model_dump(mode="json")}
+
+
+def generate_command(step: Step) -> str:
+    """The `winnow generate` command of a generate step, quoted for a shell (a recipe folder may hold spaces)."""
+    return shlex.join(["winnow", "generate", step.yaml_path])
 
 
 def empty_message(step: Step, data_id: str, result, sft) -> str:

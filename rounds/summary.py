@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 
 from reporting import plots
 from reporting.rounds import build_series, comparison_lines, describe_source, plot_series, series_table
@@ -86,7 +87,7 @@ def render(recipe, ledger, block: dict, runs: list[str]) -> str:
                                      f"`{o['model']}`" if "lineage" in o else "prompt files"))
         lines.append(f"| {step.id} | {record['seconds']:.1f} | {what} |")
     lines += ["", "## Reproduce", "", "```bash", ledger.data.get("command") or "winnow rounds RECIPE.yaml",
-              "winnow report " + " ".join(runs) + f" --out {recipe.at('report')}", "```", "",
+              shlex.join(["winnow", "report", *runs, "--out", recipe.at("report")]), "```", "",
               "Definitions: `winnow report`'s (reporting/rounds.py, docs/expert-iteration.md). Costs are measured "
               "device-seconds on the machine that ran the recipe, priced at the runs' cost.usd_per_device_hour.", ""]
     return "\n".join(lines)

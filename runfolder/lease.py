@@ -191,14 +191,29 @@ class Lease:
         else:
             self._acquire_remote()
 
+    def unwritable(self, err: OSError) -> InputError:
+        """The refusal when the lease file cannot be created (the first thing a command writes): the folder is not
+        writable, said as bad input naming it."""
+        why = {errno.EROFS: "it is on a read-only filesystem", errno.EACCES: "this user may not write there",
+               errno.EPERM: "this user may not write there", errno.ENOSPC: "its disk is full",
+               errno.EDQUOT: "this user's disk quota is used up"}.get(err.errno, err.strerror or str(err))
+        return InputError(f"{self.shown} is not writable: {why} (creating {err.filename or self.path} failed); "
+                          "choose a folder on a disk this user can write")
+
     def _acquire_local(self) -> None:
         import fcntl
 
-        if not os.path.isdir(self.folder):
-            os.makedirs(self.folder, exist_ok=True)
-            self.created_folder = True
+        try:
+            if not os.path.isdir(self.folder):
+                os.makedirs(self.folder, exist_ok=True)
+                self.created_folder = True
+        except OSError as err:
+            raise self.unwritable(err) from None
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as err:
+                raise self.unwritable(err) from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

@@ -32,9 +32,9 @@ from fsspec.implementations.local import LocalFileSystem
 
 from runfolder.folder import holds_run_folder, refresh, store
 from runfolder.lease import Lease, out_lease_path
-from runfolder.paths import location_key, overlap_problem
+from runfolder.paths import local_write_problem, location_key, overlap_problem
 from schemas.base import InputError
-from stores.filesystems import bucket_message, missing_bucket
+from stores.filesystems import store_problem
 
 _HELD: dict[str, Lease] = {}  # --out leases taken by `check_out` in this process, by location_key
 OUTPUT_RECORD = ".winnow-output.json"  # in an output folder: {"command": ..., "files": [relative paths]}
@@ -70,9 +70,12 @@ def check_out(uri: str, overwrite: bool, inputs: Iterable[str] = (), command: st
     if problems:
         raise InputError(problems)
     fs, path = store(uri, shown)
-    bucket = missing_bucket(fs, path)
-    if bucket is not None:
-        raise InputError(f"{shown}: {bucket_message(bucket)}")
+    problem = store_problem(fs, path)  # no credentials, an endpoint that does not answer, no bucket: said at once
+    if problem:
+        raise InputError(f"{shown}: {problem}")
+    unwritable = local_write_problem(path, shown) if isinstance(fs, LocalFileSystem) else None
+    if unwritable:
+        raise InputError(unwritable)
     key = location_key(uri)
     lease = _HELD.pop(key, None)
     if lease is None:

@@ -52,3 +52,30 @@ def overlap_problem(shown: str, out: str, role: str, other: str) -> str | None:
             HOLDS: f"holds the {role} {other}"}[how]
     return (f"{shown} {what}; a command never writes into or replaces its own input, so choose an output folder "
             "apart from it")
+
+
+def local_write_problem(path: str, shown: str) -> str | None:
+    """Why the local folder `path` (shown as `shown`, e.g. "--out reports/a") cannot be created or written into: a
+    file where a parent folder should be, a read-only filesystem, or no write permission on the folder or on its
+    nearest existing parent; None when it can. Checked from the filesystem's flags and permissions, writing
+    nothing (root passes every permission, but not a read-only mount)."""
+    path = os.path.abspath(os.path.expanduser(path))
+    nearest = path
+    while not os.path.lexists(nearest):
+        parent = os.path.dirname(nearest)
+        if parent == nearest:
+            break
+        nearest = parent
+    if nearest != path and not os.path.isdir(nearest):
+        return f"{shown} cannot be created: {nearest} is a file, not a folder"
+    what = "the folder" if nearest == path else f"its nearest existing parent {nearest}"
+    try:
+        read_only = bool(os.statvfs(nearest).f_flag & os.ST_RDONLY)
+    except OSError:
+        read_only = False
+    if read_only:
+        return (f"{shown} is not writable: {what} is on a read-only filesystem; choose a folder on a writable "
+                "disk")
+    if not os.access(nearest, os.W_OK | os.X_OK):
+        return f"{shown} is not writable: {what} does not permit this user to write into it"
+    return None

@@ -9,9 +9,11 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 
 class Strict(BaseModel):
-    """A config section: unknown keys are refused, defaults are validated, values are immutable."""
+    """A config section: unknown keys are refused, defaults are validated, values are immutable, and every float is
+    a finite number (nan, inf and -inf are refused: a threshold of nan passes or fails every comparison silently). A
+    field that means something by infinity says so with its own ``Field(allow_inf_nan=True)``."""
 
-    model_config = ConfigDict(extra="forbid", validate_default=True, frozen=True)
+    model_config = ConfigDict(extra="forbid", validate_default=True, frozen=True, allow_inf_nan=False)
 
 
 class ConfigError(ValueError):
@@ -65,6 +67,8 @@ def describe_validation_error(err: ValidationError, model: type[BaseModel] | Non
             close = difflib.get_close_matches(str(ctx.get("tag")), _tags_of(ctx.get("expected_tags")), n=1)
             if close:
                 msg += f" (did you mean {close[0]!r}?)"
+        elif e["type"] == "finite_number":
+            msg = "must be a finite number, not nan or inf"
         elif e["type"] == "union_tag_not_found":
             msg = f"field {e.get('ctx', {}).get('discriminator', 'name')} is required to pick the variant"
         got = e.get("input")

@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import posixpath
 
-from stores.filesystems import filesystem
+from stores.filesystems import filesystem, store_problem
 
 CAUSAL_LM = "causal_lm"  # models.target, models.draft
 REWARD = "reward"  # models.reward.path of a `model` reward
@@ -64,6 +64,9 @@ def model_folder_problems(location: str, field: str, shown: str | None = None, r
     where = f"{field}: {shown}"
     try:
         fs, root = filesystem(location)
+        unusable = store_problem(fs, root)  # S3 without credentials, an endpoint that does not answer, no bucket
+        if unusable:
+            return [f"{where}: {unusable}"]
         if not fs.exists(root):
             return [f"{where} does not exist"]
         if not fs.isdir(root):

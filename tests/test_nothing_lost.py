@@ -302,7 +302,7 @@ def test_a_finished_run_resumed_keeps_saying_succeeded(tmp_path, monkeypatch):
     monkeypatch.setattr(RunFolder, "write_manifest", lambda self, m: (writes.append(m.status), original(self, m)))
     monkeypatch.setattr(job, "run", lambda *a, **kw: pytest.fail("nothing is left to generate"))
     assert job.execute(job.Plan(cfg, folder, "resume"), None, log=lambda line: None).status == "succeeded"
-    assert writes == ["succeeded"]  # never rewritten as running on the way
+    assert writes == []  # nothing left to do: never rewritten, as running or at all (its times are kept)
 
 
 def test_clearing_deletes_the_data_first_and_the_manifest_last(tmp_path, monkeypatch):

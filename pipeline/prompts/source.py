@@ -11,7 +11,7 @@ import fsspec
 
 import assets
 from schemas.base import InputError
-from stores.filesystems import bucket_message, filesystem, missing_bucket
+from stores.filesystems import filesystem, store_problem
 
 
 # file extension -> Ray Data reader
@@ -64,6 +64,9 @@ def resolve_source(spec: str) -> Source:
     where = _location(spec)
     try:
         fs, root = filesystem(where)
+        unusable = store_problem(fs, root)  # S3 without credentials, an endpoint that does not answer, no bucket
+        if unusable:
+            raise InputError(f"data.source: {spec}: {unusable}")
         if fs.isfile(root):
             ext = Path(root).suffix.lower()
             if ext not in FORMATS:
@@ -73,8 +76,7 @@ def resolve_source(spec: str) -> Source:
                 )
             return Source(spec, FORMATS[ext], [_with_protocol(fs, root)], fs)
         if not fs.isdir(root):
-            bucket = missing_bucket(fs, root)
-            raise InputError(f"data.source: {spec}: {bucket_message(bucket) if bucket else 'no such file or folder'}")
+            raise InputError(f"data.source: {spec}: no such file or folder")
         names = {posixpath.basename(p) for p in fs.ls(root, detail=False)}
         if "dataset_dict.json" in names:
             raise InputError(
