@@ -93,7 +93,7 @@ def driver(config_file: str, report: str) -> int:
 
     from pipeline import job as pjob
     from pipeline.cluster import check_room
-    from pipeline.raydata import set_progress
+    from pipeline.raydata import set_verbose
     from schemas.config import validate_config
 
     samples: list[tuple[float, float]] = []
@@ -106,7 +106,7 @@ def driver(config_file: str, report: str) -> int:
 
     threading.Thread(target=sample, daemon=True).start()
     config = validate_config(json.loads(Path(config_file).read_text()))
-    set_progress(False)
+    set_verbose(False)
     plan = pjob.check(config, overwrite=False)
     print(pjob.connect(), flush=True)
     check_room(config)

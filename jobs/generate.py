@@ -1,5 +1,9 @@
-"""`winnow generate CONFIG [--set a.b=v]... [--overwrite] [--progress]`: run a generation job on Ray; resumes by
-default; quiet unless --progress (`pipeline.raydata`).
+"""`winnow generate CONFIG [--set a.b=v]... [--overwrite] [--progress | --no-progress] [--verbose]`: run a generation
+job on Ray; resumes by default. It shows its progress (`pipeline.progress`): a bar when stdout is a terminal, plain
+lines elsewhere with --progress, nothing otherwise. Ray's own output is hidden unless --verbose (`pipeline.raydata`).
+
+Progress goes to stdout, the command's own lines' stream: it stays in order with them and the summary, and a log
+captured with `> FILE` or by `ray job submit` holds it; stderr keeps the warnings and errors.
 
 The same entry point runs on a laptop (it starts a local Ray) and on a cluster
 (`ray job submit --working-dir . -- python -m jobs.generate CONFIG`, which joins the cluster). The steps are
@@ -9,15 +13,20 @@ written), then execute; a failed batch exits 1 and an interrupt 130, keeping the
 
 from __future__ import annotations
 
+import argparse
 import gc
 import signal
 import sys
 import threading
+from typing import TYPE_CHECKING
 
 from jobs import config_args
 from jobs.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_RUNTIME
 from jobs.interrupts import interrupts
 from schemas.base import ConfigError, InputError
+
+if TYPE_CHECKING:
+    from pipeline.progress import Display
 
 PROG = "winnow generate"
 
@@ -27,15 +36,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--overwrite", action="store_true",
                    help="replace the run in output.path (of any config): its own files are deleted first; a folder "
                         "that holds anything else is refused, and nothing else is deleted")
-    p.add_argument("--progress", action="store_true",
-                   help="show Ray Data's progress and Ray's INFO lines, the model-loading bars of the workers and "
-                        "the deprecation warnings of the pipeline's Ray calls (quiet by default)")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="show prompts done of the total, generated tokens/s, the mean best reward, the cost so far "
+                        "(device-seconds, USD) and the time left, read from the run folder as rows commit: a bar "
+                        "when stdout is a terminal (the default there; --no-progress turns it off), else a plain "
+                        "line every few seconds (WINNOW_PROGRESS_S sets the seconds)")
+    p.add_argument("--verbose", action="store_true",
+                   help="show Ray's raw output: Ray Data's progress and Ray's INFO lines, the model-loading bars of "
+                        "the workers and the deprecation warnings of the pipeline's Ray calls (hidden by default)")
     p.add_argument("--allow-working-dir-paths", action="store_true",
                    help="under `ray job submit`, accept an output.path or data.source inside Ray's copy of the "
                         "job's working directory (refused by default: Ray deletes it)")
     try:
         args = config_args.parse(p, argv)
         config = config_args.load(args)
+        from pipeline import progress  # reads the run folder (pyarrow): not needed for --help or a bad argument
+
+        how = progress.style(args.progress, sys.stdout)
+        display = None if how is None else progress.Display(how, sys.stdout, PROG, every=progress.look_interval())
         from pipeline import job  # imports Ray: only once the arguments and the config are good
 
         plan = job.check(config, args.overwrite, args.allow_working_dir_paths)
@@ -55,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         if lease.taken_over is not None:
             print(f"{PROG}: {plan.folder.uri} was held by a run that did not end cleanly "
                   f"({lease.taken_over.describe()}); taking it over", flush=True)
-        return _run(plan, args.progress)
+        return _run(plan, args.verbose, display)
     except KeyboardInterrupt:  # before the run started (`execute` handles its own): nothing was written
         print(f"{PROG}: interrupted before the run started", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -70,11 +88,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{PROG}: warning: {lease.release_problem}", file=sys.stderr)
 
 
-def _run(plan, progress: bool = False) -> int:
+def _run(plan, verbose: bool = False, display: Display | None = None) -> int:
     from pipeline import job
-    from pipeline.raydata import set_progress, short_error
+    from pipeline.raydata import set_verbose, short_error
 
-    set_progress(progress)
+    set_verbose(verbose)
     import ray
 
     ours = not ray.is_initialized()  # this process connects (a local Ray of its own, or a cluster it joins)
@@ -86,10 +104,10 @@ def _run(plan, progress: bool = False) -> int:
     # `ray job stop` (and a plain kill) sends SIGTERM: the run ends like Ctrl-C, so the manifest says it did not
     # finish and the lease is given back. Set after ray.init, whose core worker installs its own handler.
     with interrupts():
-        return _execute(plan, ours)
+        return _execute(plan, ours, display)
 
 
-def _execute(plan, ours: bool) -> int:
+def _execute(plan, ours: bool, display: Display | None = None) -> int:
     from pipeline import job
     from pipeline.raydata import short_error
 
@@ -111,7 +129,10 @@ def _execute(plan, ours: bool) -> int:
         return EXIT_RUNTIME
 
     try:
-        outcome = job.execute(plan, staged, log=lambda line: print(f"{PROG}: {line}", flush=True))
+        usd_rate = plan.config.cost.usd_per_device_hour
+        watch = None if display is None else (
+            lambda before, total: display.shown(plan.folder, before, total, usd_rate))
+        outcome = job.execute(plan, staged, log=lambda line: print(f"{PROG}: {line}", flush=True), watch=watch)
     except Exception as err:  # the store failed before the run started (an outage): a run-time failure, said once
         print(f"{PROG}: the job failed before it started: {short_error(err)}\n{PROG}: run the same command again "
               f"once {plan.folder.uri} can be written", file=sys.stderr)

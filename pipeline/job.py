@@ -33,17 +33,19 @@ committed, and is generated again otherwise.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, ContextManager
 
 import pyarrow as pa
 import ray
 import ray.data
 from ray.data.checkpoint import CheckpointConfig
 
-from pipeline.preflight import count_model, model_problems, resolved, working_dir_problems
+from pipeline.preflight import count_model, location_problem, model_problems, resolved, working_dir_problems
 from pipeline.prompts import Source, check_source, source_location, write_prompts
 from pipeline.raydata import (
     data_context,
@@ -106,16 +108,18 @@ def check(config: JobConfig, overwrite: bool, allow_working_dir: bool = False) -
     files' encoding, lines, footers and columns), unless the folder's own prompt set will be reused. Under
     `ray job submit`, paths inside Ray's copy of the working directory are refused unless `allow_working_dir`."""
     folder = RunFolder(config.output.path)
-    config = as_first_spelled(folder, config)  # one folder, one run: `runs/a/` resumes what `runs/a` started
+    unusable = location_problem("output.path", folder.uri)  # an S3 store that cannot be used: the folder unread
+    if unusable is None:
+        config = as_first_spelled(folder, config)  # one folder, one run: `runs/a/` resumes what `runs/a` started
     problems = [] if allow_working_dir else working_dir_problems(config)
     problems += model_problems(config)
-    claim, mode = claim_problems(folder, config, overwrite)
+    claim, mode = claim_problems(folder, config, overwrite) if unusable is None else ([unusable], "new")
     try:
         location = source_location(config.data.source)
     except InputError as err:
         location, claim = None, claim + err.problems
     try:
-        claim += nesting_problems(folder, location, config.data.source)
+        claim += nesting_problems(folder, location, config.data.source) if unusable is None else []
     except OSError as err:
         claim.append(f"output.path: {folder.uri}: cannot be read ({err})")
     source = None
@@ -152,12 +156,14 @@ def stage_prompts(plan: Plan) -> StagedPrompts:
     return StagedPrompts(path, rows)
 
 
-def execute(plan: Plan, staged: StagedPrompts | None, log: Callable[[str], None] = print) -> RunEnd:
+def execute(plan: Plan, staged: StagedPrompts | None, log: Callable[[str], None] = print,
+            watch: Callable[[Tally, int], ContextManager[None]] | None = None) -> RunEnd:
     """Step 3: write, run and check. `staged` is the prompt set from `stage_prompts`, or None when the folder's own
     is reused. Checkpoint commits that an earlier run left half done are settled first
     (`runfolder.folder.settle_checkpoints`, logged), so Ray Data's recovery never deletes a committed data file. A
     KeyboardInterrupt or a failed batch ends with status interrupted/failed and the manifest says so; rows written
-    so far are kept for the next run."""
+    so far are kept for the next run. `watch(tally, prompts)`, when given, is a context held around the pipeline
+    (the progress display, `pipeline.progress`), given the folder's tally before the run and the prompt count."""
     config, folder = plan.config, plan.folder
     for line in clean_leftovers(folder, keep=staged.path if staged is not None else None):  # under the lease
         log(f"cleanup: {line}")
@@ -185,6 +191,10 @@ def execute(plan: Plan, staged: StagedPrompts | None, log: Callable[[str], None]
     verb = "resuming" if plan.mode == "resume" else "starting"
     log(f"{verb} {config.name!r} in {folder.uri}: {len(expected)} prompts, {before} already written"
         + ("; nothing left to generate" if done else ""))
+    if not fresh and done:  # a finished run run again: its manifest already says so, times included
+        kept = folder.read_manifest()
+        if kept is not None and kept.status == "succeeded" and counted(kept, config, written) == kept:
+            return RunEnd("succeeded", None, written, 0, 0.0)
     started = time.monotonic()
 
     def ended(status: str, error: str | None = None, t: Tally | None = None) -> RunEnd:
@@ -203,7 +213,7 @@ def execute(plan: Plan, staged: StagedPrompts | None, log: Callable[[str], None]
 
     try:
         if not done:
-            with native_noise_dropped():
+            with native_noise_dropped(), (watch(written, len(expected)) if watch else contextlib.nullcontext()):
                 run(config, folder, prompts=len(expected))
     except KeyboardInterrupt:
         return ended("interrupted", "interrupted")
@@ -278,7 +288,7 @@ def run(config: JobConfig, folder: RunFolder, prompts: int | None = None) -> Non
                 # crashing must fail the job instead. Ray 2.60 has no named parameter for these two: its own docs
                 # say `map_batches(..., max_restarts=0)`, i.e. extra keyword arguments gathered as
                 # **ray_remote_args, which it deprecates for removal in 2.64. pyproject pins ray below that; the
-                # deprecation warning shows with --progress (`pipeline.raydata.own_deprecations`).
+                # deprecation warning shows with --verbose (`pipeline.raydata.own_deprecations`).
                 max_restarts=r.max_retries,
                 max_task_retries=r.max_retries,
             )
@@ -363,6 +373,7 @@ class GenerateBatch:
         self.method = self.config.method.name
         reward = self.config.models.reward
         self.with_concepts = reward is not None and reward.kind == "lexical"
+        self.with_columns = bool(self.config.reward_columns)
         self.runner = Runner(self.config)
         self.inflight = BatchRecorder.for_this_actor(self.config.output.path)
 
@@ -387,6 +398,8 @@ class GenerateBatch:
                 item = {"prompt_id": prompts[i]["prompt_id"], "prompt": prompts[i]["prompt"]}
                 if self.with_concepts:
                     item["concepts"] = prompts[i]["concepts"]
+                if self.with_columns:  # the columns the reward and the verifier read, as the driver carried them
+                    item["columns"] = json.loads(prompts[i]["columns"])
                 inputs.append(item)
             results = self.runner.run(inputs)
             got = [r.get("prompt_id") if isinstance(r, dict) else None for r in results]

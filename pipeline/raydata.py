@@ -1,13 +1,14 @@
 """Ray Data helpers of the pipeline: a scoped DataContext change, the one-line cause of an error Ray re-raised, and
 what a run prints (quiet by default).
 
-Quiet (the default of `winnow generate`; `--progress` turns it off): no Ray Data progress (bars on a terminal, their
+Quiet (the default of `winnow generate`; `--verbose` turns it off): no Ray Data progress (bars on a terminal, their
 logged form otherwise) and none of its INFO lines on the console (they still go to Ray Data's log file under the
 session's logs/ray-data), no worker tracebacks Ray Data logs for a failed task (the command says the cause in one
 line), no RayDeprecationWarning for the pipeline's own calls, no progress bars of model loading on the workers of a
 local Ray and none of Ray Data's warnings there (HF_HUB_DISABLE_PROGRESS_BARS, TQDM_DISABLE, RAY_DATA_LOG_LEVEL=ERROR,
 set before the driver starts its Ray, so its workers inherit them; a variable the user set is kept), and Ray's own
 INFO lines ("Started a local Ray instance") off. Warnings and errors of Ray and errors of the workers still show.
+The command's own progress display counts prompts from the run folder instead (`pipeline.progress`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import os
 import re
 import warnings
 
-PROGRESS = {"on": False}  # whether Ray Data's progress and INFO lines are shown (winnow generate --progress)
+VERBOSE = {"on": False}  # whether Ray's raw output (Ray Data's progress, INFO lines) shows: winnow generate --verbose
 # For the workers of a local Ray: no progress bars (transformers' weight loading, tqdm), and Ray Data's own
 # warnings off (e.g. its reader's "falling back to json.load" before a bad line the command names itself)
 QUIET_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TQDM_DISABLE": "1", "RAY_DATA_LOG_LEVEL": "ERROR"}
@@ -27,21 +28,21 @@ _TRACE_LINES = ("Exception occurred in", "An exception was raised from a task of
                 "Progress bars disabled", "Full stack trace")
 
 
-def set_progress(on: bool) -> None:
+def set_verbose(on: bool) -> None:
     """Choose what a run prints (module docstring); call before Ray starts, so that a local Ray's workers inherit
     the environment that keeps their progress bars off."""
-    PROGRESS["on"] = on
+    VERBOSE["on"] = on
     if not on:
         for key, value in QUIET_ENV.items():
             os.environ.setdefault(key, value)
 
 
 def ray_init_options(starts_local: bool) -> dict:
-    """Keyword arguments of `ray.init` for the chosen output: Ray's own INFO lines only with progress; a local Ray
+    """Keyword arguments of `ray.init` for the chosen output: Ray's own INFO lines only when verbose; a local Ray
     that this process starts (`starts_local`) goes without Ray's dashboard where WINNOW_RAY_DASHBOARD is 0 (or false,
     no, off): 1 to 4 s less to start on a 2-core machine, and a process less beside the actors. A cluster that this
     process joins keeps its own (ray.init refuses the option there)."""
-    options = {} if PROGRESS["on"] else {"logging_level": logging.WARNING}
+    options = {} if VERBOSE["on"] else {"logging_level": logging.WARNING}
     if starts_local and os.environ.get("WINNOW_RAY_DASHBOARD", "").strip().lower() in ("0", "false", "no", "off"):
         options["include_dashboard"] = False
     return options
@@ -61,7 +62,7 @@ def native_noise_dropped():
     """While quiet, the driver's stderr (file descriptor 2, which Ray's C++ code writes to) goes through a filter
     that drops `_NATIVE_NOISE` lines and passes every other byte on, in order. Use around work that starts no
     process (the descriptor is restored at the end, and the filter's thread ends when the pipe closes)."""
-    if PROGRESS["on"]:
+    if VERBOSE["on"]:
         yield
         return
     import sys
@@ -104,7 +105,7 @@ class _DropTraces(logging.Filter):
 
 def quiet_ray_data() -> None:
     """Apply the chosen output to Ray Data in this process (idempotent; Ray Data may have set up its logging again)."""
-    if PROGRESS["on"]:
+    if VERBOSE["on"]:
         return
     import ray.data
 
@@ -118,10 +119,10 @@ def quiet_ray_data() -> None:
 
 @contextlib.contextmanager
 def own_deprecations():
-    """Hide RayDeprecationWarning for the pipeline's own Ray calls unless progress is on (pyproject pins Ray below
+    """Hide RayDeprecationWarning for the pipeline's own Ray calls unless verbose (pyproject pins Ray below
     the version that removes what they use; the notice is for the developers, in the code, not for every run)."""
     with warnings.catch_warnings():
-        if not PROGRESS["on"]:
+        if not VERBOSE["on"]:
             from ray.util.annotations import RayDeprecationWarning
 
             warnings.simplefilter("ignore", RayDeprecationWarning)
@@ -131,7 +132,7 @@ def own_deprecations():
 @contextlib.contextmanager
 def data_context(preserve_order: bool | None = None, **changes):
     """Set DataContext attributes (and `execution_options.preserve_order`) for the block, then restore them; Ray
-    Data's output follows `set_progress`."""
+    Data's output follows `set_verbose`."""
     import ray.data
 
     quiet_ray_data()

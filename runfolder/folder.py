@@ -36,12 +36,12 @@ import pyarrow.parquet as pq
 from pydantic import ValidationError
 
 from runfolder.lease import LEASE_FILE, held_message, holder_of, lease_path
-from runfolder.paths import HOLDS, INSIDE, SAME, relation
+from runfolder.paths import HOLDS, INSIDE, SAME, local_write_problem, relation
 from schemas.base import InputError
 from schemas.config import JobConfig
 from schemas.manifest import CostTotals, Manifest
 from schemas.rows import COST_FIELDS
-from stores.filesystems import bucket_message, filesystem, missing_bucket
+from stores.filesystems import filesystem, store_problem
 
 PENDING = ".pending.parquet"
 PROMPTS_DIR = "prompts"  # the normalised prompt set, Parquet files written by Ray tasks
@@ -457,26 +457,15 @@ def claim_problems(folder: RunFolder, config: JobConfig, overwrite: bool) -> tup
 
 
 def write_problem(folder: RunFolder) -> str | None:
-    """Why a local `folder` cannot be created or written into (a file where a parent folder should be, or no write
-    permission on the folder or on its nearest existing parent), or None. Checked from permissions, writing
-    nothing. Of an object store only the bucket is checked (it must exist): permissions show only when a write is
-    tried."""
+    """Why `folder` cannot be created or written into, or None. A local folder (`runfolder.paths.local_write_problem`):
+    a file where a parent folder should be, a read-only filesystem, or no write permission on the folder or on its
+    nearest existing parent, checked writing nothing. An object store: that it answers a listing of the folder
+    (`stores.filesystems.store_problem`: credentials, endpoint, bucket); a write's own permission shows only when a
+    write is tried."""
     if not folder.local:
-        bucket = missing_bucket(folder.fs, folder.path)
-        return f"output.path: {folder.uri}: {bucket_message(bucket)}" if bucket else None
-    where = f"output.path: {folder.uri}"
-    nearest = folder.path
-    while not os.path.lexists(nearest):
-        parent = os.path.dirname(nearest)
-        if parent == nearest:
-            break
-        nearest = parent
-    if nearest != folder.path and not os.path.isdir(nearest):
-        return f"{where} cannot be created: {nearest} is a file, not a folder"
-    if not os.access(nearest, os.W_OK | os.X_OK):
-        what = "the folder" if nearest == folder.path else f"its nearest existing parent {nearest}"
-        return f"{where} is not writable: {what} does not permit this user to write into it"
-    return None
+        problem = store_problem(folder.fs, folder.path)
+        return f"output.path: {folder.uri}: {problem}" if problem else None
+    return local_write_problem(folder.path, f"output.path: {folder.uri}")
 
 
 def changed_keys(old: dict, new: dict, prefix: str = "") -> list[str]:
@@ -511,6 +500,7 @@ class Tally:
     decoding_steps: float = 0.0  # stats.decoding_steps summed: the decoding steps the run's actors took
     sequence_steps: int = 0  # stats.sequence_steps summed
     reward_steps: float = 0.0  # stats.reward_steps summed: the reward-model forwards the run's actors made
+    files: list[str] = field(default_factory=list)  # the committed data files counted, in the order read
 
     def mean_width(self) -> float | None:
         """Sequences per decoding step, over the run's steps (None without steps)."""
@@ -523,6 +513,42 @@ class Tally:
         cost = {k: self.cost[k] for k in COST_FIELDS}
         return CostTotals(**cost, usd=cost["device_seconds"] / 3600.0 * usd_per_device_hour,
                           rows_without_cost=self.rows_without_cost)
+
+    def add_file(self, fs, path: str) -> None:
+        """Count one committed data file's rows in (`tally`; and the progress display of a running job, which reads
+        only the files committed since its last look). DamagedFile when the file cannot be read."""
+        try:
+            with fs.open(path, "rb") as f:  # file by file: files of older versions may lack newer stats fields
+                parquet = pq.ParquetFile(f)
+                leaves = [parquet.schema.column(i).path for i in range(len(parquet.schema))]
+                reason = [p for p in leaves if p.startswith("candidates.") and p.endswith(".finish_reason")][:1]
+                table = parquet.read(columns=["prompt_id", "error", "best_reward", "cost", "stats", *reason])
+        except pa.ArrowException as err:
+            raise DamagedFile(path, err) from None
+        self.files.append(path)
+        self.rows += table.num_rows
+        self.ids += table.column("prompt_id").to_pylist()
+        errors = table.column("error").to_pylist()
+        self.errors += sum(e is not None for e in errors)
+        self.best_rewards += [r for r, e in zip(table.column("best_reward").to_pylist(), errors)
+                              if r is not None and e is None]
+        for c in table.column("cost").to_pylist():
+            if c is None or any(c.get(k) is None for k in COST_FIELDS):
+                self.rows_without_cost += 1  # not summed as 0: the totals say how many rows they leave out
+                continue
+            for k in COST_FIELDS:
+                self.cost[k] += c[k]
+        for s in table.column("stats").to_pylist():
+            self.reward_inputs_truncated += (s or {}).get("reward_inputs_truncated") or 0  # null: no reward model
+            self.generated_tokens += (s or {}).get("generated_tokens") or 0
+            self.decoding_steps += (s or {}).get("decoding_steps") or 0.0
+            self.sequence_steps += (s or {}).get("sequence_steps") or 0
+            self.reward_steps += (s or {}).get("reward_steps") or 0.0
+        if "candidates" in table.column_names:  # only the finish_reason of each candidate is read, not its text
+            flat = pc.list_flatten(table.column("candidates"))
+            self.candidates += len(flat)
+            if len(flat):
+                self.rejected += pc.sum(pc.equal(pc.struct_field(flat, "finish_reason"), "rejected")).as_py() or 0
 
 
 def pending_checkpoints(folder: RunFolder) -> list[str]:
@@ -674,37 +700,7 @@ def tally(folder: RunFolder) -> Tally:
     tokens, candidates and rejected candidates."""
     t = Tally()
     for path in committed_files(folder):
-        try:
-            with folder.fs.open(path, "rb") as f:  # file by file: files of older versions may lack newer stats fields
-                parquet = pq.ParquetFile(f)
-                leaves = [parquet.schema.column(i).path for i in range(len(parquet.schema))]
-                reason = [p for p in leaves if p.startswith("candidates.") and p.endswith(".finish_reason")][:1]
-                table = parquet.read(columns=["prompt_id", "error", "best_reward", "cost", "stats", *reason])
-        except pa.ArrowException as err:
-            raise DamagedFile(path, err) from None
-        t.rows += table.num_rows
-        t.ids += table.column("prompt_id").to_pylist()
-        errors = table.column("error").to_pylist()
-        t.errors += sum(e is not None for e in errors)
-        t.best_rewards += [r for r, e in zip(table.column("best_reward").to_pylist(), errors)
-                           if r is not None and e is None]
-        for c in table.column("cost").to_pylist():
-            if c is None or any(c.get(k) is None for k in COST_FIELDS):
-                t.rows_without_cost += 1  # not summed as 0: the totals say how many rows they leave out
-                continue
-            for k in COST_FIELDS:
-                t.cost[k] += c[k]
-        for s in table.column("stats").to_pylist():
-            t.reward_inputs_truncated += (s or {}).get("reward_inputs_truncated") or 0  # null: no reward model
-            t.generated_tokens += (s or {}).get("generated_tokens") or 0
-            t.decoding_steps += (s or {}).get("decoding_steps") or 0.0
-            t.sequence_steps += (s or {}).get("sequence_steps") or 0
-            t.reward_steps += (s or {}).get("reward_steps") or 0.0
-        if "candidates" in table.column_names:  # only the finish_reason of each candidate is read, not its text
-            flat = pc.list_flatten(table.column("candidates"))
-            t.candidates += len(flat)
-            if len(flat):
-                t.rejected += pc.sum(pc.equal(pc.struct_field(flat, "finish_reason"), "rejected")).as_py() or 0
+        t.add_file(folder.fs, path)
     return t
 
 

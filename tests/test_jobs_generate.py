@@ -65,15 +65,15 @@ def test_quickstart_on_two_local_workers(tmp_path):
     # the driver says it started its own Ray
     assert "winnow generate: started a local Ray (" in first.stdout
     for noise in ("INFO", "Loading weights", "RayDeprecationWarning", "Running Dataset", "joined the Ray cluster",
-                  "Token authentication"):
+                  "Token authentication", "progress:"):
         assert noise not in first.stdout + first.stderr, noise
 
     files = sorted(p.name for p in (run / "candidates").iterdir())
-    again = winnow(*args, "--progress", env={"RAY_ADDRESS": "local", **as_users})  # RAY_ADDRESS=local starts a Ray
+    again = winnow(*args, "--verbose", env={"RAY_ADDRESS": "local", **as_users})  # RAY_ADDRESS=local starts a Ray
     assert again.returncode == 0, again.stderr[-3000:]
     assert "6 already written; nothing left to generate" in again.stdout
     assert "winnow generate: started a local Ray (" in again.stdout and "joined" not in again.stdout
-    assert "Started a local Ray instance" in again.stdout + again.stderr  # Ray's INFO line, with --progress
+    assert "Started a local Ray instance" in again.stdout + again.stderr  # Ray's INFO line, with --verbose
     assert "View the dashboard at" in again.stdout + again.stderr  # a user's local Ray has its dashboard
     assert sorted(p.name for p in (run / "candidates").iterdir()) == files
     assert manifest_of(run)["rows"] == 6
@@ -196,21 +196,21 @@ def test_a_write_cut_short_is_rolled_back_and_redone(ray_session, tmp_path):
 
 def test_only_rays_known_noise_is_dropped_from_the_drivers_stderr(capfd):
     """`native_noise_dropped` passes every byte written to file descriptor 2 on, in order, but the one line of
-    Ray's C++ core it knows (pipeline.raydata._NATIVE_NOISE); with --progress it filters nothing."""
+    Ray's C++ core it knows (pipeline.raydata._NATIVE_NOISE); with --verbose it filters nothing."""
     from pipeline import raydata
 
     noise = (b"[2026-11-27 12:15:27,687 E 32599 32599] core_worker.cc:2465: Actor with class name: "
              b"'MapWorker(CheckpointFilter)' and ID: 'b9cb' has constructor arguments in the object store and "
              b"max_restarts > 0. If the arguments go out of scope the actor restart will fail.\n")
     other = b"[2026-11-27 12:15:28,000 E 1 1] core_worker.cc:100: something else went wrong\n"
-    raydata.set_progress(False)
+    raydata.set_verbose(False)
     with raydata.native_noise_dropped():
         os.write(2, b"first " + b"x" * 70000 + b"\n" + noise + other + b"no newline at the end")
     assert capfd.readouterr().err == "first " + "x" * 70000 + "\n" + other.decode() + "no newline at the end"
-    raydata.set_progress(True)
+    raydata.set_verbose(True)
     try:
         with raydata.native_noise_dropped():
             os.write(2, noise)
         assert capfd.readouterr().err == noise.decode()
     finally:
-        raydata.set_progress(False)
+        raydata.set_verbose(False)
