@@ -8,9 +8,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from jobs.config_args import finite_float
 from jobs.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_RUNTIME, parse_args
 from runfolder.outputs import check_out, release_out
-from runfolder.runs import load_runs
+from runfolder.runs import load_runs, unfinished_warning
 from schemas.base import InputError
 from sftdata.select import DROP_REASONS, Selection, parse_select, select
 from sftdata.write import write_sft
@@ -25,12 +26,17 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folders (local or s3://bucket/prefix)")
     p.add_argument("--out", required=True, help="output folder (local or s3://); refused if it holds anything but an "
                    "earlier output of a winnow command, and then unless --overwrite")
-    p.add_argument("--select", default="best", help="'best' (default) or 'top-k=K': candidates kept per prompt")
-    p.add_argument("--min-reward", type=float, default=None, metavar="R", help="keep only rewards >= R")
+    p.add_argument("--select", default="best", help="'best' (default) or 'top-k=K': candidates kept per prompt (from "
+                   "runs with a verifier, verified ones: top-k=K keeps up to K distinct verified answers)")
+    p.add_argument("--min-reward", type=finite_float, default=None, metavar="R", help="keep only rewards >= R")
     p.add_argument("--include-rejected", action="store_true",
                    help="keep candidates Speculative Rejection stopped early (only those that have a reward)")
     p.add_argument("--include-truncated", action="store_true",
                    help="keep candidates that hit max_new_tokens (finish_reason 'length')")
+    p.add_argument("--include-unverified", action="store_true",
+                   help="for runs with a verifier, keep candidates that did not verify too, ranked after every "
+                   "verified one (by default a prompt without a verified candidate is left out); also lets runs with "
+                   "and without a verifier be pooled")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an --out that holds an earlier output of a winnow command (only that: a folder "
                    "holding anything else is refused, and nothing is deleted)")
@@ -66,8 +72,13 @@ def _main(argv: list[str] | None) -> int:
     try:
         if problems:
             raise InputError(problems)
+        for run in runs:
+            warning = unfinished_warning(run)
+            if warning:
+                print(f"winnow build-sft: {warning}", file=sys.stderr)
         sel = Selection(k=k, min_reward=args.min_reward,
-                        include_rejected=args.include_rejected, include_truncated=args.include_truncated)
+                        include_rejected=args.include_rejected, include_truncated=args.include_truncated,
+                        include_unverified=args.include_unverified)
         result = select(runs, sel)
         if result.table.num_rows == 0:
             counts = ", ".join(f"{why}={result.dropped[why]}" for why in DROP_REASONS if result.dropped.get(why))
@@ -91,6 +102,8 @@ def _main(argv: list[str] | None) -> int:
     for reason in DROP_REASONS:
         if result.dropped.get(reason):
             print(f"  dropped {result.dropped[reason]} candidate(s): {reason}")
+    if result.prompts_unverified:
+        print(f"  left out {result.prompts_unverified} prompt(s) as unverified: no candidate verified")
     return EXIT_OK
 
 

@@ -3,7 +3,8 @@
 Writes report.md (the cost-reward frontier first, tables, plots), report.json (every number) and PNG plots. The
 metrics and their definitions are in `reporting.stats` (improvement score, relative compute, reward gained per USD,
 bootstrap intervals), `reporting.cost` (the compute and measured-USD bases), `reporting.tolerance` and
-`reporting.frontier` (the frontier, dominance, marginal cost); the files are assembled in `reporting.render`, which
+`reporting.frontier` (the frontier, dominance, marginal cost), `reporting.verified` (for runs with a verifier: the
+verified rate, pass@k and the cost of a pass); the files are assembled in `reporting.render`, which
 ranks runs of different reward definitions apart. Without --baseline the first RUN_DIR is the baseline. With --plan,
 each run is checked against a `winnow plan`'s projection (`reporting.plancheck`).
 """
@@ -19,7 +20,7 @@ from reporting.cost import BASES, COMPUTE
 from reporting.plancheck import read_plan
 from reporting.render import order_runs, terminal_summary, write_report
 from runfolder.outputs import check_out, release_out
-from runfolder.runs import folder_key, load_run, load_runs
+from runfolder.runs import folder_key, load_run, load_runs, unfinished_warning
 from schemas.base import InputError
 
 
@@ -91,6 +92,10 @@ def _main(argv: list[str] | None) -> int:
         return EXIT_BAD_INPUT
     if in_runs:
         baseline = runs[keys.index(folder_key(args.baseline))]
+    for run in [*runs, *([baseline] if baseline is not None and not in_runs else [])]:
+        warning = unfinished_warning(run)
+        if warning:
+            print(f"winnow report: {warning}", file=sys.stderr)
     ordered, base_index = order_runs(runs, baseline)
     try:
         report = write_report(ordered, base_index, args.out, args.basis, resolve=assets.resolve, plan=plan)

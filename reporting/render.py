@@ -1,11 +1,12 @@
 """Assembling the report of runs against a baseline: `report.json`, `report.md` and its PNG plots.
 
-The numbers come from `reporting.stats`, `reporting.cost` and `reporting.frontier` (definitions there and in the
-report's own "Definitions" section); this module groups the runs by reward definition (runs whose rewards are on
-different scales are never ranked together: each group gets its own frontier and baseline), orders the numbers,
-writes the headline of each group (the cost-reward frontier, the dominated runs and what dominates them, and the
-runs below the baseline's reward) and the lines said on the terminal, and writes the files. Evaluation runs of
-models trained by rounds of Expert Iteration are also shown as series of rounds (`reporting.rounds`).
+The numbers come from `reporting.stats`, `reporting.cost`, `reporting.frontier` and, for runs with a verifier,
+`reporting.verified` (definitions there and in the report's own "Definitions" section); this module groups the runs
+by reward definition (runs whose rewards are on different scales are never ranked together: each group gets its own
+frontier and baseline), orders the numbers, writes the headline of each group (the cost-reward frontier, the
+dominated runs and what dominates them, and the runs below the baseline's reward) and the lines said on the
+terminal, and writes the files. Evaluation runs of models trained by rounds of Expert Iteration are also shown as
+series of rounds (`reporting.rounds`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from reporting.cost import COMPUTE, USD, run_cost
 from reporting.frontier import build_frontier, fmt_cost, fmt_pair
 from reporting.stats import compare, correlation_points, correlations, finite, ok_rows, run_summary, sample_prompt
 from reporting.tolerance import ABS_TOL, REL_TOL
+from reporting.verified import verified_summary
 from runfolder.outputs import staged_out, write_bytes
 from runfolder.runs import Run, describe_groups, reward_groups, unique_labels
 
@@ -84,6 +86,25 @@ DEFINITIONS = {
 }
 
 
+# Said only in reports with a run that has a verifier (`reporting.verified`).
+VERIFIED_DEFINITIONS = {
+    "verifier": "models.verifier (math, code or python), with models.reward as its ranker; or a math or code reward, "
+    "a verifier alone (1.0 verified, 0.0 not)",
+    "verified prompt": "a prompt that ran (no error) whose answer verified (stats.best_verified). A row that ran "
+    "without a verdict counts as not verified",
+    "verified rate": "verified prompts / prompts that ran, with its 95% bootstrap interval",
+    "mean pass@1, pass@k": "the rows' pass@1 and pass@k (Chen et al. 2021's unbiased estimator from each prompt's "
+    "judged candidates) averaged over the prompts that ran, pass@k at the k's every row has; n/a where the method "
+    "cut candidates before they were judged (a biased sample)",
+    "cost of a pass": "Cost-of-Pass (arXiv 2504.13359): the cost of the prompts that ran / the verified prompts, in "
+    "compute (FLOPs; device-seconds where the run has no compute) and measured USD. It equals cost per prompt / "
+    "verified rate. With no verified prompt it is infinite, said as \"no verified prompt\"",
+    "cost of a pass's 95% interval": "percentile bootstrap of the summed cost / the summed verified prompts over "
+    "2,000 resamples of the run's prompts, the same draws as its verified rate's interval; unbounded above where "
+    "more than 2.5% of the resamples hold no verified prompt",
+}
+
+
 def order_runs(runs: list[Run], baseline: Run | None) -> tuple[list[Run], int]:
     """The runs of the report and the baseline's index: --baseline is prepended unless it is one of the runs."""
     if baseline is None:
@@ -131,6 +152,9 @@ def build_report(runs: list[Run], base_index: int, basis: str = COMPUTE, resolve
                 "vs_baseline": compare(run, runs[g_base], costs[i], costs[g_base]),
                 "correlation": correlations(run),
             }
+            verified = verified_summary(run, costs[i], entries[i])
+            if verified is not None:  # only runs with a verifier carry the block
+                entries[i]["verified"] = verified
         key = "reward_gain_per_tflop" if g_basis == COMPUTE else "reward_gain_per_usd"
         ranked = sorted((i for i in members if entries[i]["vs_baseline"][key] is not None),
                         key=lambda i: -entries[i]["vs_baseline"][key])
@@ -139,6 +163,7 @@ def build_report(runs: list[Run], base_index: int, basis: str = COMPUTE, resolve
             "runs": [labels[i] for i in members], "baseline": labels[g_base], "baseline_path": runs[g_base].uri,
             "basis": g_basis, "basis_note": note, "frontier": block, "ranked_by": key,
             "ranking": [labels[i] for i in ranked],
+            "verified_runs": [labels[i] for i in members if "verified" in entries[i]],
         })
     from_folders = [labels[i] for i, c in enumerate(costs) if c.source == "model folders" and c.problem is None]
     return finite({
@@ -149,7 +174,8 @@ def build_report(runs: list[Run], base_index: int, basis: str = COMPUTE, resolve
         "frontier": groups[0]["frontier"],  # the baseline's group, as in reports before groups
         "ranking": groups[0]["ranking"],
         "notes": _notes(runs, grouped, groups, from_folders),
-        "definitions": DEFINITIONS,
+        "definitions": ({**DEFINITIONS, **VERIFIED_DEFINITIONS} if any(g["verified_runs"] for g in groups)
+                        else DEFINITIONS),
         "runs": entries,
         "rounds": report_rounds.build_series(runs, labels),
     })
@@ -279,6 +305,8 @@ def terminal_summary(report: dict) -> str:
         if len(report["groups"]) > 1:
             parts.append(f"Scored by {g['reward']} (baseline {g['baseline']}):")
         parts.append(headline(report, g))
+        if g["verified_runs"]:
+            parts.append("\n".join(verified_lines(report, g)))
     parts += report_rounds.terminal_lines(report["rounds"])
     if report.get("plan"):
         parts.append("\n".join(plancheck.terminal_lines(report["plan"])))
@@ -300,6 +328,7 @@ def render_markdown(report: dict, plots: dict[str, str]) -> str:
         lines += [headline(report, g), "",
                   f"Baseline: **{g['baseline']}** (`{g['baseline_path']}`).", ""]
         lines += _frontier_section(report, g, h)
+        lines += _verified_section(report, g, h)
         lines += _ranking_section(report, g, h)
         lines += _baseline_section(report, g, h)
         lines.append("")
@@ -366,6 +395,96 @@ def _frontier_section(report: dict, group: dict, h: str) -> list[str]:
                      f"{fmt_cost(f['marginal_cost_per_reward'], basis)} | {_vs_base(f)} | {f['verdict']} |")
     for label, why in fr["not_placed"].items():
         lines.append(f"| {label} | {runs[label]['method']} | not placed | n/a | n/a | n/a | n/a | n/a | n/a | {why} |")
+    return lines
+
+
+def _share(x) -> str:
+    """A rate as a percentage with 3 significant digits."""
+    return "n/a" if x is None else f"{100 * x:.3g}%"
+
+
+def _rate(v: dict) -> str:
+    ci = v["verified_rate_interval"]
+    return _share(v["verified_rate"]) + ("" if ci is None else f" [{_share(ci[0])}, {_share(ci[1])}]")
+
+
+def _pass_at_k(v: dict) -> str:
+    return ", ".join(f"@{p['k']} {_f(p['value'], 3)}" for p in v["pass_at_k"]) if v["pass_at_k"] else "n/a"
+
+
+_PASS_UNITS = {"usd": _usd, "flops": lambda x: fmt_cost(x, COMPUTE), "device_seconds": lambda x: f"{x:.3g} device-s"}
+
+
+def _pass_cost(v: dict, unit: str) -> str:
+    """The cost of a pass in `unit` (usd, flops, device_seconds) with its interval, or "no verified prompt"."""
+    c = v["cost_of_a_pass"]
+    if c["no_verified_prompt"]:
+        return "no verified prompt"
+    if c[unit] is None:
+        return "n/a"
+    fmt = _PASS_UNITS[unit]
+    low, high = c[f"{unit}_interval"]
+    return f"{fmt(c[unit])} [{fmt(low)}, {'unbounded' if high is None else fmt(high)}]"
+
+
+def _verified_section(report: dict, group: dict, h: str) -> list[str]:
+    """The verified answers of the group's runs with a verifier (none: no section): verified rate, pass@1 and
+    pass@k, and the cost of a pass beside the cost per unit of reward."""
+    if not group["verified_runs"]:
+        return []
+    runs = _members(report, group)
+    lines = ["", f"{h} Verified answers", "",
+             "Runs with a verifier. The verified rate is the share of the prompts that ran whose answer verified. The "
+             "**cost of a pass** is their cost per verified prompt (Cost-of-Pass), shown beside the cost per unit of "
+             "reward. Intervals are 95% bootstrap intervals over each run's own prompts.", "",
+             "| run | method | verifier | verified / ran | verified rate [95% interval] | mean pass@1 | mean pass@k | "
+             "compute per verified prompt [95% interval] | USD per verified prompt [95% interval] | compute / unit "
+             "reward (raw) | USD / unit reward (raw) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    unjudged, no_compute, uncut = [], False, True
+    for label in group["verified_runs"]:
+        e = runs[label]
+        v = e["verified"]
+        compute = _pass_cost(v, "flops" if e["compute_problem"] is None else "device_seconds")
+        per = v["cost_per_unit_reward"]
+        lines.append(f"| {label} | {e['method']} | {v['verifier']} | {v['verified_prompts']} / {v['prompts_ran']} | "
+                     f"{_rate(v)} | {_f(v['pass_at_1'], 3)} | {_pass_at_k(v)} | {compute} | {_pass_cost(v, 'usd')} | "
+                     f"{fmt_cost(per['flops'], COMPUTE)} | {_usd(per['usd'])} |")
+        if v["unjudged_prompts"]:
+            unjudged.append(f"{label} ({v['unjudged_prompts']})")
+        no_compute = no_compute or e["compute_problem"] is not None
+        uncut = uncut and v["pass_at_1"] is not None
+    if no_compute or not uncut or unjudged:
+        lines.append("")
+    if no_compute:
+        lines.append("Compute is in device-seconds where a run has no compute (see the notes).")
+    if not uncut:
+        lines.append("Mean pass@1 and pass@k are n/a where the method cut candidates before they were judged.")
+    if unjudged:
+        lines.append("Prompts that ran without a verdict, counted as not verified: " + ", ".join(unjudged) + ".")
+    return lines
+
+
+def verified_lines(report: dict, group: dict) -> list[str]:
+    """The verified answers of the group's runs with a verifier, for the terminal: the cost of a pass on the
+    group's basis only, as the headline gives costs (on the compute basis the same runs give the same words)."""
+    runs = _members(report, group)
+    basis = group["basis"]
+    unit = "flops" if basis == COMPUTE else "usd"
+    lines = [f"Verified answers (the cost of a pass: {'compute' if basis == COMPUTE else 'measured USD'} per "
+             "verified prompt [95% interval]):"]
+    for label in group["verified_runs"]:
+        e = runs[label]
+        v = e["verified"]
+        s = (f"- {label} ({e['method']}, {v['verifier']} verifier): {v['verified_prompts']} of {v['prompts_ran']} "
+             f"prompts verified, {_rate(v)}")
+        if v["pass_at_1"] is not None:
+            s += f"; mean pass@1 {_f(v['pass_at_1'], 3)}"
+        s += f"; cost of a pass: {_pass_cost(v, unit)}"
+        per = v["cost_per_unit_reward"][unit]
+        if per is not None:
+            s += f"; cost per unit of reward: {fmt_cost(per, basis)}"
+        lines.append(s)
     return lines
 
 

@@ -65,6 +65,15 @@ def _spread(xs: list[float]) -> dict:
             "q25": float(np.percentile(a, 25)), "q75": float(np.percentile(a, 75)), "n": int(a.size)}
 
 
+def bootstrap_draws(prompts: int, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED):
+    """The bootstrap's prompt draws: chunks of [b, prompts] indices, ``resamples`` rows in all, drawn with
+    replacement from ``default_rng(seed)``. Every figure resampled over the same number of prompts gets the same
+    draws (paired)."""
+    rng = np.random.default_rng(seed)
+    for start in range(0, resamples, _BOOTSTRAP_CHUNK):
+        yield rng.integers(0, prompts, size=(min(_BOOTSTRAP_CHUNK, resamples - start), prompts))  # [b, P]
+
+
 def bootstrap_intervals(values: np.ndarray, resamples: int = BOOTSTRAP_RESAMPLES, level: float = BOOTSTRAP_LEVEL,
                         seed: int = BOOTSTRAP_SEED) -> np.ndarray:
     """Percentile bootstrap intervals of the mean over prompts, one per row of values [R, P] (runs x prompts).
@@ -75,12 +84,7 @@ def bootstrap_intervals(values: np.ndarray, resamples: int = BOOTSTRAP_RESAMPLES
     values = np.asarray(values, dtype=float)  # [R, P]
     if values.ndim != 2 or values.shape[1] == 0:
         raise ValueError(f"bootstrap_intervals needs a [runs, prompts] array with prompts >= 1; got {values.shape}")
-    rng = np.random.default_rng(seed)
-    n = values.shape[1]
-    means = []
-    for start in range(0, resamples, _BOOTSTRAP_CHUNK):
-        idx = rng.integers(0, n, size=(min(_BOOTSTRAP_CHUNK, resamples - start), n))  # [b, P]
-        means.append(values[:, idx].mean(axis=2))  # [R, b]
+    means = [values[:, idx].mean(axis=2) for idx in bootstrap_draws(values.shape[1], resamples, seed)]  # [R, b]
     tail = 100.0 * (1.0 - level) / 2.0
     return np.percentile(np.concatenate(means, axis=1), [tail, 100.0 - tail], axis=1).T  # [R, 2]
 

@@ -20,10 +20,12 @@ from pydantic import ValidationError
 
 from runfolder.folder import committed_data_files, store
 from runfolder.lease import holder_of, lease_path
+from runfolder.paths import location_key
 from schemas.base import InputError
+from schemas.config import VERIFIER_REWARDS
 from schemas.manifest import Manifest
 from schemas.rows import LATE_CANDIDATE_FIELDS, ROW_SCHEMA, STATS_FIELDS
-from stores.filesystems import bucket_message, missing_bucket
+from stores.filesystems import store_problem
 
 # Columns the tools read; others (new ones the job adds) are ignored.
 READ_COLUMNS = ["prompt_id", "prompt", "method", "candidates", "best_index", "best_text", "best_reward", "cost",
@@ -67,9 +69,10 @@ def normalise_uri(uri: str) -> str:
 
 
 def folder_key(uri: str) -> str:
-    """One spelling per folder (absolute local path, or the URL), to tell whether two arguments name one run."""
-    fs, path = store(uri)
-    return fs.unstrip_protocol(path)
+    """One spelling per folder, to tell whether two arguments name one run: a local path absolute with its symbolic
+    links resolved (``runs/r``, ``./runs/r/`` and a link to it are one run), a URL as its store spells it
+    (`runfolder.paths.location_key`)."""
+    return location_key(uri)
 
 
 def _manifest_problems(uri: str, data: object) -> tuple[Manifest | None, list[str]]:
@@ -189,9 +192,11 @@ def load_run(uri: str) -> Run:
     """Read one run folder; raises InputError naming the path if it is missing, empty or malformed."""
     uri = normalise_uri(uri)
     fs, path = store(uri)
+    problem = store_problem(fs, path)  # no credentials, an endpoint that does not answer, no bucket: said at once
+    if problem:
+        raise InputError(f"{uri}: {problem}")
     if not fs.isdir(path):
-        bucket = missing_bucket(fs, path)
-        raise InputError(f"{uri}: {bucket_message(bucket) if bucket else 'run folder not found'}")
+        raise InputError(f"{uri}: run folder not found")
     manifest_path = posixpath.join(path, "manifest.json")
     if not fs.isfile(manifest_path):
         raise InputError(f"{uri}/manifest.json: not found; is {uri} a run folder?")
@@ -219,13 +224,14 @@ def load_run(uri: str) -> Run:
 
 def load_runs(uris: list[str]) -> list[Run]:
     """Read every run folder, reporting every bad one at once (InputError), and refusing one given twice."""
-    problems, runs, seen = [], [], set()
+    problems, runs, seen = [], [], {}
     for uri in uris:
         key = folder_key(uri)
         if key in seen:
-            problems.append(f"{normalise_uri(uri)}: run folder given twice")
+            same = "" if normalise_uri(seen[key]) == normalise_uri(uri) else f" (as {normalise_uri(seen[key])})"
+            problems.append(f"{normalise_uri(uri)}: run folder given twice{same}")
             continue
-        seen.add(key)
+        seen[key] = uri
         try:
             runs.append(load_run(uri))
         except InputError as err:
@@ -233,6 +239,22 @@ def load_runs(uris: list[str]) -> list[Run]:
     if problems:
         raise InputError(problems)
     return runs
+
+
+def unfinished_warning(run: Run) -> str | None:
+    """A line for a run that has not finished (`Run.status` running, interrupted or failed), naming it, its status
+    and what to do; None for a succeeded run. The commands that read runs still use its rows written so far."""
+    if run.status == "succeeded":
+        return None
+    error = getattr(run.manifest, "error", None)  # an extra field of the manifest, set when a run failed
+    why, fix = {
+        "running": ("is still being written by a run", "wait for it to end and read it again"),
+        "interrupted": ("was stopped before it finished (its manifest says running and no run holds it)",
+                        "run its `winnow generate` command again to finish it"),
+    }.get(run.status, (f"did not finish{f' ({error})' if error else ''}",
+                       "run its `winnow generate` command again to finish it"))
+    return (f"warning: {run.uri} is not finished (status {run.status}): it {why}; only the {len(run.rows)} row(s) "
+            f"it has written are used; {fix}")
 
 
 def unique_labels(runs: list[Run]) -> list[str]:
@@ -255,6 +277,8 @@ REWARD_UNITS = {
     "logprob": "mean log-probability per token",
     "lexical": "fraction of concepts covered",
     "python": "python reward",
+    "math": "verified (1) or not (0)",
+    "code": "verified (1) or not (0)",
     "none": "no reward",
     "unrecorded": "reward",
 }
@@ -275,7 +299,7 @@ class RewardDefinition:
     function, the lexical concepts column; for `logprob`, the target, whose own log-probability the reward is).
     Two runs' rewards are on one scale only when their definitions are equal."""
 
-    kind: str  # model | process | logprob | lexical | python | none (no reward) | unrecorded (an unknown kind, ...)
+    kind: str  # model | process | logprob | lexical | python | math | code | none (no reward) | unrecorded (unknown)
     identity: str  # the path, function, column or target; the reward's JSON for an unknown kind; "" otherwise
 
     @property
@@ -286,6 +310,8 @@ class RewardDefinition:
             "logprob": f"logprob under the target `{self.identity}`",
             "lexical": f"lexical coverage of the `{self.identity}` column",
             "python": f"python reward `{self.identity}`",
+            "math": f"math verifier against the `{self.identity}` column",
+            "code": f"code verifier with the `{self.identity}` column's tests",
             "none": "no reward",
             "unrecorded": (f"a reward this version does not know ({self.identity})" if self.identity
                            else "a reward the manifest does not record (no config.models)"),
@@ -318,7 +344,26 @@ def reward_definition(run: Run) -> RewardDefinition:
         return RewardDefinition(kind, str(reward.get("concepts_column", "concepts")))
     if kind == "python":
         return RewardDefinition(kind, str(reward.get("function")))
+    if kind == "math":
+        return RewardDefinition(kind, str(reward.get("answer_column", "answer")))
+    if kind == "code":
+        return RewardDefinition(kind, str(reward.get("tests_column", "tests")))
     return RewardDefinition("unrecorded", json.dumps(reward, sort_keys=True))
+
+
+def verifier_kind(run: Run) -> str | None:
+    """The kind of the run's verifier (`math`, `code` or `python`), or None when it has none: the manifest's
+    `models.verifier` (a verifier with `models.reward` as its ranker), or a reward that is a verifier alone
+    (`models.reward.kind` math or code). `build-sft` and `report` read verdicts only from runs that have one."""
+    models = run.manifest.config.get("models")
+    if not isinstance(models, dict):
+        return None
+    verifier = models.get("verifier")
+    if verifier is not None:
+        return str(verifier.get("kind")) if isinstance(verifier, dict) else str(verifier)
+    reward = models.get("reward")
+    kind = reward.get("kind") if isinstance(reward, dict) else None
+    return kind if kind in VERIFIER_REWARDS else None
 
 
 def reward_groups(runs: list[Run]) -> list[tuple[RewardDefinition, list[int]]]:

@@ -8,6 +8,12 @@ runs, so the best response across methods wins; that compares rewards across run
 one reward definition (`runfolder.runs.reward_definition`), and runs scored by different ones are refused
 (`one_reward`). The output is TRL's conversational prompt-completion form:
 ``prompt`` is the chat messages and ``completion`` is a list with one assistant message.
+
+Runs with a verifier (`runfolder.runs.verifier_kind`) give only candidates that *verified* (`verified` true), so a
+prompt none of whose candidates verified is left out; `include_unverified` lets the others in, ranked after every
+verified one, as the run chose its answer. ``top-k`` then keeps up to k distinct verified answers per prompt (distinct
+texts: duplicates are dropped first). Runs with and without a verifier are pooled only with `include_unverified`
+(`one_verdict`): otherwise candidates nobody checked would compete with verified ones.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from runfolder.runs import Run, RewardDefinition, describe_groups, reward_groups, unique_labels
+from runfolder.runs import Run, RewardDefinition, describe_groups, reward_groups, unique_labels, verifier_kind
 from schemas.base import InputError
 from schemas.rows import MESSAGE
 
@@ -32,6 +38,7 @@ SFT_SCHEMA = pa.schema(
         ("source_method", pa.string()),
         ("source_config_hash", pa.string()),
         ("finish_reason", pa.string()),
+        ("verified", pa.bool_()),  # the verifier's verdict in its source run; null where that run has no verifier
     ]
 )
 
@@ -42,7 +49,9 @@ DROP_REASONS = {
     "truncated": "finish_reason 'length' (hit max_new_tokens); see --include-truncated",
     "null_reward": "no final reward",
     "empty_text": "null or empty text",
-    "duplicate": "same prompt_id and same text as another candidate (the higher reward is kept)",
+    "unverified": "its run has a verifier and the candidate did not verify; see --include-unverified",
+    "duplicate": "same prompt_id and same text as another candidate (a verified one, else the higher reward, is "
+    "kept)",
     "below_min_reward": "reward below --min-reward",
     "not_selected": "not among the prompt's selected candidates (--select)",
 }
@@ -56,10 +65,16 @@ class Selection:
     min_reward: float | None = None
     include_rejected: bool = False
     include_truncated: bool = False
+    include_unverified: bool = False
 
-    def describe(self) -> str:
+    def describe(self, verifier: bool = False) -> str:
+        """The rule in words; `verifier`: a source run has a verifier (the verified rule is said only then)."""
         rule = "the best candidate" if self.k == 1 else f"the top {self.k} candidates"
         parts = [f"{rule} by final reward per prompt_id, pooled over all source runs"]
+        if verifier and self.include_unverified:
+            parts.append("candidates that did not verify included, ranked after every verified one")
+        elif verifier:
+            parts.append("only candidates that verified (a prompt without one is left out)")
         if self.min_reward is not None:
             parts.append(f"with reward >= {self.min_reward:g}")
         parts.append("rejected candidates " + ("included" if self.include_rejected else "excluded"))
@@ -94,6 +109,8 @@ class SftResult:
     candidates_seen: int
     reward: RewardDefinition
     dropped: Counter = field(default_factory=Counter)
+    verifier_runs: list[str] = field(default_factory=list)  # labels of the source runs that have a verifier
+    prompts_unverified: int = 0  # prompts left out because none of their candidates verified
 
 
 def _check_same_prompt(pooled: dict, pid: str, prompt: list[dict], label: str) -> None:
@@ -105,8 +122,9 @@ def _check_same_prompt(pooled: dict, pid: str, prompt: list[dict], label: str) -
         )
 
 
-def _keep_candidate(cand: dict, sel: Selection) -> str | None:
-    """The drop reason of one candidate under the per-candidate filters, or None to keep it."""
+def _keep_candidate(cand: dict, sel: Selection, verifier: bool) -> str | None:
+    """The drop reason of one candidate under the per-candidate filters, or None to keep it; `verifier`: its run
+    has one."""
     reason = cand["finish_reason"]
     if reason == "rejected" and not sel.include_rejected:
         return "rejected"
@@ -116,20 +134,31 @@ def _keep_candidate(cand: dict, sel: Selection) -> str | None:
         return "null_reward"
     if not cand["text"]:
         return "empty_text"
+    if verifier and cand["verified"] is not True and not sel.include_unverified:
+        return "unverified"
     return None
 
 
-def pool_candidates(runs: list[Run], sel: Selection) -> tuple[dict[str, list[dict]], dict, Counter, int, set]:
-    """Per prompt_id, the candidates of every run that pass the per-candidate filters, duplicates removed.
+def _rank(record: dict) -> tuple[bool, float]:
+    """The order of a prompt's candidates, highest first: verified ones before the others, then by reward."""
+    return record["verified"] is True, record["reward"]
 
-    Returns (pool, prompts, dropped counts, candidates seen, prompt_ids with a successful row somewhere).
+
+def pool_candidates(runs: list[Run], sel: Selection) -> tuple[dict[str, list[dict]], dict, Counter, int, set, set]:
+    """Per prompt_id, the candidates of every run that pass the per-candidate filters, duplicates removed (of two
+    with one text, the verified one, else the higher reward, is kept).
+
+    Returns (pool, prompts, dropped counts, candidates seen, prompt_ids with a successful row somewhere, prompt_ids
+    with a candidate dropped as unverified).
     """
     pool: dict[str, dict[str, dict]] = {}  # prompt_id -> text -> candidate record
     prompts: dict[str, tuple[list[dict], str]] = {}
     dropped: Counter = Counter()
     seen = 0
     ok_ids: set[str] = set()
+    unverified: set[str] = set()
     for label, run in zip(unique_labels(runs), runs):
+        verifier = verifier_kind(run) is not None
         for row in run.rows:
             pid = row["prompt_id"]
             _check_same_prompt(prompts, pid, row["prompt"], label)
@@ -142,22 +171,25 @@ def pool_candidates(runs: list[Run], sel: Selection) -> tuple[dict[str, list[dic
             ok_ids.add(pid)
             texts = pool.setdefault(pid, {})
             for index, cand in enumerate(cands):
-                why = _keep_candidate(cand, sel)
+                why = _keep_candidate(cand, sel, verifier)
                 if why:
                     dropped[why] += 1
+                    if why == "unverified":
+                        unverified.add(pid)
                     continue
                 record = {
                     "text": cand["text"], "reward": cand["reward"], "finish_reason": cand["finish_reason"],
                     "source_run": label, "source_method": run.method,
                     "source_config_hash": run.manifest.config_hash,
+                    "verified": cand["verified"] if verifier else None,
                 }
                 other = texts.get(cand["text"])
                 if other is not None:
                     dropped["duplicate"] += 1
-                if other is None or cand["reward"] > other["reward"]:
+                if other is None or _rank(record) > _rank(other):
                     texts[cand["text"]] = record
     flat = {pid: list(texts.values()) for pid, texts in pool.items()}
-    return flat, prompts, dropped, seen, ok_ids
+    return flat, prompts, dropped, seen, ok_ids, unverified
 
 
 def one_reward(runs: list[Run]) -> RewardDefinition:
@@ -173,15 +205,33 @@ def one_reward(runs: list[Run]) -> RewardDefinition:
         + [f"  {line}" for line in describe_groups(runs, groups)])
 
 
+def one_verdict(runs: list[Run], sel: Selection) -> list[str]:
+    """The labels of the runs with a verifier; InputError naming both sides when runs with and without one are
+    given together without `include_unverified`: a set of verified answers cannot take candidates nobody checked."""
+    labels = unique_labels(runs)
+    have = [verifier_kind(run) is not None for run in runs]
+    if any(have) and not all(have) and not sel.include_unverified:
+        def names(flag: bool) -> str:
+            return ", ".join(f"{label} ({run.uri})" for label, run, h in zip(labels, runs, have) if h == flag)
+
+        raise InputError(f"the runs mix runs with a verifier ({names(True)}) and runs without one ({names(False)}); "
+                         "build a dataset from each apart, or pass --include-unverified to pool every candidate "
+                         "(verified ones ranked first)")
+    return [label for label, h in zip(labels, have) if h]
+
+
 def select(runs: list[Run], sel: Selection) -> SftResult:
-    """Pool, filter and select candidates per prompt_id (see module docstring); rows sorted by prompt_id, reward.
-    Runs scored by different reward definitions are refused (`one_reward`)."""
+    """Pool, filter and select candidates per prompt_id (see module docstring); rows sorted by prompt_id, then
+    verified first, then reward. Runs scored by different reward definitions are refused (`one_reward`), and runs
+    with and without a verifier unless `include_unverified` (`one_verdict`)."""
     reward = one_reward(runs)
-    pool, prompts, dropped, seen, ok_ids = pool_candidates(runs, sel)
+    verifier_runs = one_verdict(runs, sel)
+    pool, prompts, dropped, seen, ok_ids, unverified = pool_candidates(runs, sel)
     rows = []
     for pid in sorted(pool):
-        # Highest reward first; ties keep the earlier run and candidate (the pool keeps insertion order).
-        cands = sorted(pool[pid], key=lambda c: -c["reward"])
+        # Verified first, then highest reward; ties keep the earlier run and candidate (the pool keeps insertion
+        # order, and the sort is stable).
+        cands = sorted(pool[pid], key=lambda c: (c["verified"] is not True, -c["reward"]))
         if sel.min_reward is not None:
             passing = [c for c in cands if c["reward"] >= sel.min_reward]
             dropped["below_min_reward"] += len(cands) - len(passing)
@@ -197,6 +247,7 @@ def select(runs: list[Run], sel: Selection) -> SftResult:
                 "source_method": c["source_method"],
                 "source_config_hash": c["source_config_hash"],
                 "finish_reason": c["finish_reason"],
+                "verified": c["verified"],
             })
     table = pa.Table.from_pylist(rows, schema=SFT_SCHEMA)
     kept = len(set(r["prompt_id"] for r in rows))
@@ -208,4 +259,6 @@ def select(runs: list[Run], sel: Selection) -> SftResult:
         candidates_seen=seen,
         reward=reward,
         dropped=dropped,
+        verifier_runs=verifier_runs,
+        prompts_unverified=sum(1 for pid in unverified if not pool.get(pid)),
     )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import posixpath
+import shlex
 import statistics
 
 import datasets
@@ -85,7 +86,8 @@ def dataset_card(result: SftResult, runs: list[Run], sel: Selection, argv: list[
         "Prompt-completion pairs in TRL's conversational form, built by `winnow build-sft` from generation runs.",
         "`prompt` is a list of `{role, content}` chat messages; `completion` is a list with one assistant message.",
         "Each row also has `prompt_id`, `reward` (the completion's final reward in its source run), `source_run`,",
-        "`source_method`, `source_config_hash` and `finish_reason`.",
+        "`source_method`, `source_config_hash`, `finish_reason` and `verified` (null where the source run has no",
+        "verifier).",
         "",
         "Load it with `datasets.load_from_disk(\"<this folder>/hf\")` or",
         "`datasets.load_dataset(\"parquet\", data_files=\"<this folder>/data/*.parquet\")`.",
@@ -95,13 +97,14 @@ def dataset_card(result: SftResult, runs: list[Run], sel: Selection, argv: list[
         f"- rule: `--select {sel.flag}`"
         + (f" `--min-reward {sel.min_reward:g}`" if sel.min_reward is not None else "")
         + (" `--include-rejected`" if sel.include_rejected else "")
-        + (" `--include-truncated`" if sel.include_truncated else ""),
-        f"- meaning: {sel.describe()}.",
+        + (" `--include-truncated`" if sel.include_truncated else "")
+        + (" `--include-unverified`" if sel.include_unverified else ""),
+        f"- meaning: {sel.describe(verifier=bool(result.verifier_runs))}.",
         f"- reward: {result.reward.text} ({result.reward.units}), the same for every source run (runs scored by "
         "different rewards are refused)",
     ]
     if argv is not None:
-        lines.append(f"- command: `winnow build-sft {' '.join(argv)}`")
+        lines.append(f"- command: `{shlex.join(['winnow', 'build-sft', *argv])}`")  # pastes into a shell as is
     lines += ["", "## Source runs", "", "| source_run | method | config hash | status | rows | errors | path |",
               "|---|---|---|---|---|---|---|"]
     for label, run in zip(unique_labels(runs), runs):
@@ -114,6 +117,11 @@ def dataset_card(result: SftResult, runs: list[Run], sel: Selection, argv: list[
         "",
         f"- prompts seen: {result.prompts_seen} (errored in every run: {result.prompts_errored_everywhere})",
         f"- prompts kept: {result.prompts_kept}",
+        *([f"- source runs with a verifier: {', '.join(result.verifier_runs)}",
+           f"- prompts left out as unverified (no candidate verified): {result.prompts_unverified}",
+           f"- examples that did not verify (`--include-unverified`): "
+           f"{sum(v is not True for v in result.table.column('verified').to_pylist())}"]
+          if result.verifier_runs else []),
         f"- examples (rows): {n}",
         f"- candidates seen: {result.candidates_seen}",
         "",
