@@ -23,7 +23,7 @@ import struct
 import assets
 from runfolder.parameters import NotCounted, count_parameters
 from schemas.config import MODEL_REWARDS, JobConfig
-from stores.filesystems import bucket_message, filesystem, missing_bucket
+from stores.filesystems import filesystem, store_problem
 from stores.model_folders import CAUSAL_LM, NEEDS, PROCESS_REWARD, REWARD, label_count, model_folder_problems
 
 
@@ -57,15 +57,8 @@ def model_spec_problems(spec: str, field: str, role: str | None) -> list[str]:
         location = assets.resolve(spec)
     except KeyError as err:
         return [f"{field}: {err.args[0]}"]
-    problems = model_folder_problems(location, field, shown=spec, role=role)
+    problems = model_folder_problems(location, field, shown=spec, role=role)  # an S3 store that cannot be used too
     if problems == [f"{field}: {spec} does not exist"]:
-        try:
-            fs, root = filesystem(location)
-            bucket = missing_bucket(fs, root)
-        except (OSError, ValueError, ImportError):
-            bucket = None
-        if bucket is not None:
-            return [f"{field}: {spec}: {bucket_message(bucket)}"]
         if HUB_ID.match(spec) and not os.path.exists(os.path.dirname(os.path.abspath(spec))):
             return [f"{field}: {spec} is not a folder here; it looks like a Hugging Face Hub id, and Winnow does not "
                     f"download models at run time: on a machine with network run `hf download {spec} --local-dir "
@@ -164,6 +157,38 @@ def python_reward_problem(function: str) -> str | None:
                 "f(prompts, texts) and must return the list of floats, not a coroutine: wrap it in a plain function, "
                 f"e.g. def score(prompts, texts): return asyncio.run({attr}(prompts, texts))")
     return None
+
+
+def verifier_problems(config: JobConfig) -> list[str]:
+    """What stops the verifier from running here, found before anything loads: a code verifier's sandbox that this
+    machine cannot start (with how to install it), a python function that takes rows but is given no columns, a
+    python verifier that cannot be imported. The actors check again where they run."""
+    from workers.verifiers.sandbox import sandbox_problem
+    from workers.verifiers.user_function import load_function, rows_problem
+
+    problems = []
+    for where, section in (("models.reward", config.models.reward), ("models.verifier", config.models.verifier)):
+        kind = getattr(section, "kind", None)
+        if kind == "code":
+            problem = sandbox_problem(section.sandbox)
+            if problem:
+                problems.append(f"{where}.sandbox: {problem}; or set {where}.sandbox: none to run generated code "
+                                "without isolation (docs/verifiers.md)")
+        if kind == "python":
+            field = f"{where}.function"
+            if where == "models.verifier":
+                problem = python_reward_problem(section.function)
+                if problem:
+                    problems.append(problem.replace("models.reward.function", field))
+                    continue
+            try:
+                problem = rows_problem(load_function(section.function, field), section.function, field,
+                                       section.columns)
+            except ValueError:
+                continue  # said by python_reward_problem
+            if problem:
+                problems.append(problem)
+    return problems
 
 
 def process_reward_problems(config: JobConfig) -> list[str]:
@@ -299,6 +324,29 @@ def build_problems(config: JobConfig) -> list[str]:
     return problems
 
 
+def location_problem(field: str, spec: str) -> str | None:
+    """A line naming `field` when its location `spec` is on a store that cannot be used from here (S3 without
+    credentials, an endpoint that does not answer, a missing bucket: `stores.filesystems.store_problem`), else None
+    (local paths and builtin: names, and a URL whose store cannot be named, which the checks that read it report)."""
+    if "://" not in spec or spec.startswith("file://"):
+        return None
+    try:
+        fs, path = filesystem(spec)
+    except (ValueError, ImportError):
+        return None
+    problem = store_problem(fs, path)
+    return f"{field}: {spec}: {problem}" if problem else None
+
+
+def store_problems(config: JobConfig, output: bool = True) -> list[str]:
+    """`location_problem` of each location the config names (data.source, output.path unless not `output`, the
+    model folders), one line each: asked before anything else reads them, so that an absent store is said within
+    seconds."""
+    fields = [("data.source", config.data.source)] + ([("output.path", config.output.path)] if output else [])
+    fields += [(field, spec) for field, spec, _ in model_fields(config)]
+    return [line for field, spec in fields if (line := location_problem(field, spec))]
+
+
 def model_problems(config: JobConfig) -> list[str]:
     problems = [p for field, spec, role in model_fields(config) for p in model_spec_problems(spec, field, role)]
     reward = config.models.reward
@@ -306,6 +354,7 @@ def model_problems(config: JobConfig) -> list[str]:
         problem = python_reward_problem(reward.function)
         if problem:
             problems.append(problem)
+    problems += verifier_problems(config)
     problems += vllm_problems(config)
     if not problems:
         problems += process_reward_problems(config)

@@ -40,7 +40,7 @@ from workers.methods import run_method
 from workers.methods.measures import add_perplexities, constraint_stats
 from workers.pool.loop import Loop, Outcome
 from workers.pool.pool import Pool
-from workers.scoring.items import render
+from workers.scoring.items import Scored, render
 from workers.scoring.process_reward import ProcessRewardScorer, Steps
 from workers.scoring.protocol import Scorer
 from workers.scoring.reward_model import RewardModelScorer
@@ -247,6 +247,31 @@ class Runner:
             res.best_index, checked = settle_verdicts(res.candidates, verdicts, self.verdict_reward, res.best_index,
                                                       ranks=self.params.ranks_by_reward)
             res.stats.update(checked)
+
+    # -- responses given, not generated (`winnow score`) -----------------------------------------------------------
+    @torch.inference_mode()
+    def score_responses(self, items: list[dict], responses: list[str]) -> list[dict]:
+        """Each given response scored by the job's reward and judged by its verifier, as a finished candidate of a
+        run would be: {score, verified, reason, answer} per item, in order. `items` are input prompts (as `run`
+        takes them, with `columns`); an item whose prompt cannot run gets its problem as `reason` and no score."""
+        ready, errors = self.prepare(items)
+        out = [{"score": None, "verified": None, "reason": errors[i]["error"], "answer": None} if i in errors else None
+               for i in range(len(items))]
+        if not ready:
+            return out
+        tok = self.tokenizer
+        scored = [Scored(k, p.messages, responses[i], p.ids, tok(responses[i], add_special_tokens=False)["input_ids"],
+                         p.concepts, None, p.columns) for k, (i, p) in enumerate(ready)]
+        scores = self.reward(scored, Meter(len(scored))) if self.reward is not None else [None] * len(scored)
+        futures = [self.verifier.submit(it.text, it.row or {}, it.prompt) if self.verifier is not None else None
+                   for it in scored]
+        for (i, _), score, future in zip(ready, scores, futures):
+            v = future.result() if future is not None else None
+            if v is not None and self.verdict_reward:
+                score = 1.0 if v.verified else 0.0
+            out[i] = {"score": score, "verified": None if v is None else v.verified,
+                      "reason": None if v is None else v.reason, "answer": None if v is None else v.answer}
+        return out
 
     def row(self, p: PromptInput, o: Outcome) -> dict:
         """Prompt p's output row (schemas.rows.ROW_SCHEMA) from its outcome: the method's result, its cost struct,
