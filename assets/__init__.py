@@ -33,6 +33,7 @@ BUILTINS: dict[str, str] = {
     "demo-prompts": "demo-prompts",  # prompts.jsonl: id, prompt, concepts (held-out concept sets)
     "real-prompts": "real-prompts",  # 112 real instructions: concepts.jsonl, then instructions.jsonl
     "real-concepts": "real-prompts/concepts.jsonl",  # the 48 concept-sentence prompts alone (id, prompt, concepts)
+    "word-problems": "word-problems",  # problems.jsonl: id, prompt, answer (arithmetic, for the math verifier)
 }
 
 # built on the node that uses them: name -> its module (ensure, cache_folder, unavailable, status, parameters,

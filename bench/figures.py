@@ -212,7 +212,41 @@ def gpu() -> str:
                   "generate peak MiB", "SR / BoN tokens", "SR / BoN wall s"], rows))
 
 
+def verified_word_problems() -> str:
+    """What a verified answer costs on SmolLM2's word problems, per method (bench.verified), with its command and
+    machine."""
+    f = load("verified")
+    labels = {"greedy": "greedy", "best-of-n": f"Best-of-{f['n']}",
+              "stop-after-1": f"Best-of-{f['n']}, stop after 1 verified",
+              "speculative-rejection": f"Speculative Rejection, n = {f['n']}"}
+    runs = f["methods"]
+
+    def interval(value, ci, digits):
+        if value is None:
+            return "no verified prompt"
+        hi = "unbounded" if ci is None or ci[1] is None else fmt(ci[1], digits)
+        return f"{fmt(value, digits)} [{'' if ci is None else fmt(ci[0], digits)}, {hi}]"
+
+    rows = []
+    for key, label in labels.items():
+        m = runs[key]
+        c = m["cost_of_a_pass"]
+        flops = c.get("flops")
+        rows.append([label, f"{m['verified_prompts']} / {m['prompts']}",
+                     interval(m["verified_rate"], m["verified_rate_interval"], 3), fmt(m["pass_at_1"], 3),
+                     fmt(m["generated_tokens"]), fmt(m["decoding_steps"], 0), fmt(m["gflop_per_prompt"], 1),
+                     fmt(m["device_seconds"], 1),
+                     interval(None if flops is None else flops / 1e9, None if c.get("flops_interval") is None else
+                              [None if v is None else v / 1e9 for v in c["flops_interval"]], 1),
+                     interval(c["usd"], c.get("usd_interval"), 6)])
+    head = ["method", "verified prompts", "verified rate [95%]", "mean pass@1", "generated tokens", "decoding steps",
+            "GFLOP per prompt", "device-seconds", "GFLOP per verified prompt [95%]", "USD per verified prompt [95%]"]
+    return (md(head, rows) + f"\n`{f['command']}`, each run `{runs['greedy']['command']}` with its method; "
+            f"{f['prompts']} prompts, {f['max_new_tokens']} new tokens; {f['machine']}.\n")
+
+
 RENDER: dict[str, Callable[[], str]] = {
+    "verified-word-problems": verified_word_problems,
     "bill-gpu": bill_gpu,
     "gpu": gpu,
     "gpu-forwards": gpu_forwards,

@@ -44,7 +44,8 @@ def demo_rows():
 
 def test_builtin_api():
     found = list_builtins()
-    assert set(found) == {"tiny-target", "tiny-draft", "tiny-reward", "demo-prompts", "real-prompts", "real-concepts"}
+    assert set(found) == {"tiny-target", "tiny-draft", "tiny-reward", "demo-prompts", "real-prompts", "real-concepts",
+                          "word-problems"}
     for name, path in found.items():
         assert path.is_absolute() and path.exists(), name
         assert builtin_path(name) == path

@@ -78,11 +78,19 @@ def test_the_pools_kv_space_cap_is_one_setting_under_either_name():
 def test_late_fields_name_real_fields_and_their_defaults():
     """Each late field is a real field whose default (as hashed: a default changed since, CHANGED_DEFAULTS, hashes
     as the one before) is the one LATE_FIELDS gives."""
-    dump = validate_config(FIXED).model_dump(mode="json")
+    python_reward = copy.deepcopy(FIXED)  # the fields of a reward kind FIXED does not use
+    python_reward["models"]["reward"] = {"kind": "python", "function": "m:f"}
+    dumps = [validate_config(c).model_dump(mode="json") for c in (FIXED, python_reward)]
     for path, default in LATE_FIELDS.items():
-        node = dump
-        for part in path.split("."):
-            node = node[part]
+        found = []
+        for dump in dumps:
+            node = dump
+            for part in path.split("."):
+                node = node.get(part, KeyError) if isinstance(node, dict) else KeyError
+            if node is not KeyError:
+                found.append(node)
+        assert found, f"{path}: not a field of any variant"
+        node = found[0]
         now, before = CHANGED_DEFAULTS.get(path, (node, node))
         assert node == now and before == default(), path
 

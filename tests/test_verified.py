@@ -244,3 +244,24 @@ def test_a_single_answer_method_keeps_its_answer_and_says_whether_it_verified(me
     for row in _rows(method):
         best = row["candidates"][row["best_index"]]
         assert row["stats"]["best_verified"] == best["verified"] == ("the" in best["text"])
+
+
+def test_the_word_problems_are_what_their_generator_writes_and_their_answers_are_right():
+    from assets import word_problems
+
+    assert word_problems.PATH.read_text() == word_problems.text(), "regenerate: python -m assets.word_problems"
+    rows = word_problems.problems()
+    assert len(rows) == word_problems.COUNT == len({r["prompt"] for r in rows})
+    for r in rows:  # each answer is what its numbers make: recomputed from the text
+        words = r["prompt"].replace("?", " ").replace(".", " ").split()
+        nums = [int(w) for w in words if w.isdigit()]
+        text = r["prompt"]
+        if "gives away" in text:
+            want = nums[0] + nums[1] - nums[2]
+        elif "in each" in text:
+            want = nums[0] * nums[1]
+        elif any(k in text for k in ("gives", "takes", "lost")):
+            want = nums[0] - nums[1]
+        else:
+            want = nums[0] + nums[1]
+        assert r["answer"] == want and 0 <= want <= 200, r
