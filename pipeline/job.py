@@ -273,13 +273,13 @@ def run(config: JobConfig, folder: RunFolder, prompts: int | None = None) -> Non
     ):
         fs = folder.arrow_fs()
         ds = ray.data.read_parquet(folder.prompts_url(), filesystem=fs, num_cpus=0,
-                                   override_num_blocks=read_blocks(prompts, r.prompts_per_batch))
+                                   override_num_blocks=read_blocks(prompts, config.call_prompts(prompts)))
         with own_deprecations():
             ds = ds.map_batches(
                 GenerateBatch,
                 fn_constructor_kwargs={"config": resolved(config).model_dump(mode="json"), "run_name": config.name,
                                        "config_hash": config.hash()},
-                batch_size=r.prompts_per_batch,
+                batch_size=config.call_prompts(prompts),
                 batch_format="pyarrow",
                 compute=actor_pool(config),
                 num_cpus=r.cpus_per_worker,

@@ -13,6 +13,7 @@ import yaml
 from pydantic import Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
 from schemas.base import ConfigError, Strict, describe_validation_error, register_union_tags
+from schemas.compat import hashed
 from schemas.methods import METHOD_NAMES, Method, Sampling, methods_that
 
 
@@ -347,15 +348,15 @@ class ResourcesConfig(Strict):
                                    "decoding step; docs/benchmarks.md).")
     cpus_per_worker: float = Field(1, gt=0, description="CPUs reserved per actor; on CPU also its torch threads "
                                    "(the same on every worker, so the same rows).")
-    prompts_per_batch: int = Field(
-        64, ge=1,
-        description="Prompts of one actor call (a Ray Data batch): they queue in the actor's decoding loop and start "
-        "as the width (models.max_num_seqs) and KV space free, so a call should hold more prompts than run at once; "
-        "a call's rows are written (and committed) together when its last prompt ends. A call's last prompts "
-        "decode alone, which weighs on speculative_rejection, whose survivors are few: on a large data set give it "
-        "several hundred per call (the tiny trio at n = 32: 0.65x of Best-of-N's decoding steps at the same reward "
-        "with 64 per call, 0.57x with 256; docs/speculative-rejection.md). (Its default was 4 before this version; "
-        "a run folder started under it resumes: the setting times the work, it does not change it.)",
+    prompts_per_batch: int | None = Field(
+        None, ge=1,
+        description="Prompts of one actor call (a Ray Data batch). They queue in the actor's decoding loop and start "
+        "as the width (models.max_num_seqs) and KV space free. A call's rows are written and committed together when "
+        "its last prompt ends, so a larger call loses more to a crash. Its last prompts decode alone, which costs "
+        "Speculative Rejection most, since its survivors are few: a call should hold several widths' worth of "
+        "prompts. Null: eight widths' worth, from the width and the candidates a prompt holds (at most 1024, and "
+        "no more than the prompt set spread over the actors); 64 for the methods with a loop of their own. It "
+        "changes which prompts share a forward, never the rows.",
     )
     feed_calls: bool = Field(
         False,
@@ -529,75 +530,38 @@ class JobConfig(Strict):
         feeds = self.resources.feed_calls and m.feeds_across_calls() and joins
         return CONCURRENT_CALLS if feeds else 1
 
+    def call_prompts(self, prompts: int | None = None) -> int:
+        """Prompts of one actor call: resources.prompts_per_batch, or from the width and n where it is null. A
+        candidate pool's width holds width // held prompts at once, `held` being the candidates a prompt holds at its
+        peak (Speculative Rejection's memory schedule: its KV space's candidates; else n); a call holds CALL_WIDTHS
+        widths' worth, at most MOST_CALL_PROMPTS and at most `prompts` (the prompt set) spread over the most actors,
+        so that every actor gets work."""
+        r = self.resources
+        if r.prompts_per_batch is not None:
+            return r.prompts_per_batch
+        m = self.method
+        if not m.pool:
+            size = OWN_LOOP_CALL_PROMPTS
+        else:
+            n = m.candidates()
+            held = m.kv_space_candidates() if m.decides() and not m.kv_grows() else n
+            size = min(MOST_CALL_PROMPTS, CALL_WIDTHS * max(1, self.models.width(n) // held))
+        if prompts is not None:
+            size = min(size, max(1, -(-prompts // r.pool[1])))
+        return size
+
     def hash(self) -> str:
-        """Stable hash of the resolved config: what makes two runs the same run. Fields added after the first
-        release (`LATE_FIELDS`) are left out of the hashed dump while they hold their default, so a config that
-        does not use them hashes as it did before they existed (existing run folders are matched by hash)."""
-        dump = self.model_dump(mode="json")
-        for path, old in RENAMED.items():  # a setting under its new name hashes as under its old one
-            *parents, leaf = path.split(".")
-            node = dump
-            for p in parents:
-                node = node.get(p) if isinstance(node, dict) else None
-            if isinstance(node, dict) and node.get(leaf) is not None:
-                node[old.split(".")[-1]], node[leaf] = node[leaf], None
-        for path, (now, before) in CHANGED_DEFAULTS.items():
-            *parents, leaf = path.split(".")
-            node = dump
-            for p in parents:
-                node = node.get(p) if isinstance(node, dict) else None
-            if isinstance(node, dict) and node.get(leaf) == now:
-                node[leaf] = before
-        for path, default in LATE_FIELDS.items():
-            *parents, leaf = path.split(".")
-            node = dump
-            for p in parents:
-                node = node.get(p) if isinstance(node, dict) else None
-            if isinstance(node, dict) and leaf in node and node[leaf] == default():
-                del node[leaf]
+        """Stable hash of the resolved config: what makes two runs the same run. A config written before later
+        fields, names and defaults hashes as it did then (`schemas.compat.hashed`), so its run folder resumes."""
+        dump = hashed(self.model_dump(mode="json"))
         blob = json.dumps(dump, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 CONCURRENT_CALLS = 2  # actor calls one decoding loop takes at once: the one draining and the next one
-
-# Fields added after the first release, by dotted path, with their default's JSON dump: `JobConfig.hash` leaves
-# them out while they hold it. A new field with a default goes here, or every existing run folder's hash changes.
-LATE_FIELDS: dict[str, Any] = {
-    "models.engine": lambda: "hf",
-    "models.vllm_kv_cache_mb": lambda: None,
-    "models.kv_cache_mb": lambda: None,
-    "resources.feed_calls": lambda: False,
-    "method.memory_candidates": lambda: None,
-    "models.vllm_max_num_seqs": lambda: 256,
-    "models.max_num_seqs": lambda: None,
-    "models.reward.engine": lambda: "hf",
-    "models.reward.kv_cache_mb": lambda: None,
-    "resources.wait_for_nodes_s": lambda: 600,
-    "method.kv_space_mb": lambda: None,
-    "models.verifier": lambda: None,
-    "models.reward.columns": lambda: [],
-    "models.reward.timeout_s": lambda: 120.0,
-    "method.stop_after_verified": lambda: None,
-    "method.verdict_lag_steps": lambda: 8,
-}
-
-# Settings renamed after the first release, new dotted path -> old one (in the same section): the old name is still
-# read, and `JobConfig.hash` hashes the new one's value under the old name, so a run resumes under either.
-RENAMED: dict[str, str] = {
-    "method.kv_space_mb": "method.memory_budget_mb",
-}
-
-
-# Defaults changed after the first release, by dotted path: (new default, old default). `JobConfig.hash` hashes a
-# field that holds its new default as if it held the old one, so a config that leaves it unset keeps the hash (and
-# the run folders) it had. Only settings that decide how the work is batched, not what it is, are changed this way:
-# a config that sets the old value hashes the same, and resumes the same run.
-CHANGED_DEFAULTS: dict[str, tuple[Any, Any]] = {
-    "resources.prompts_per_batch": (64, 4),
-    "models.vllm_max_num_seqs": (None, 256),  # the width's old name, null now that max_num_seqs holds the default
-}
-
+CALL_WIDTHS = 8  # a call's default prompts: this many widths' worth (resources.prompts_per_batch)
+MOST_CALL_PROMPTS = 1024  # ... at most
+OWN_LOOP_CALL_PROMPTS = 64  # a call's default prompts for the methods with a loop of their own
 
 _CROSS_MARK = "@@cross@@"
 register_union_tags(METHOD_NAMES)
