@@ -1,6 +1,7 @@
 """What a plan cannot know, said in its plan.md, plan.json and summary, never left out: a sample that is the whole
 set or too small for its intervals, prompts longer or shorter than any sampled one, the device the device time was
-measured on, errors on the sample, configs that cut nothing. Pure functions of the plan's records.
+measured on, the warm-up taken out of it, Best-of-k estimated from a larger Best-of-N run, a sweep that cost more than
+its share, errors on the sample, configs that cut nothing. Pure functions of the plan's records.
 """
 
 from __future__ import annotations
@@ -52,10 +53,38 @@ def length_caveats(chars: dict, prompts: int) -> list[str]:
     return out
 
 
-def caveats(meta: dict, devices: list[dict], projected: list[dict], notes: list[str], no_cut: list[str]) -> list[str]:
+def sweep_caveats(plan: dict) -> list[str]:
+    """The sweep's own: Best-of-k estimated from a larger run, the warm-up, a sweep over its share."""
+    out = []
+    derived = [c for c in plan["configs"] if c.get("best_of_k") is not None and c["label"] != c["measured_from"]]
+    if derived:
+        names = ", ".join(c["label"] for c in derived)
+        model = plan["device_model"]
+        how = ("a device model fitted to the sweep's runs and the probe (seconds per forward and per unit of work)" if
+               model["a_seconds_per_forward"] > 0 else "their work alone (" + model["why"] + ")")
+        out.append(f"{names}: estimated from the candidates of a larger Best-of-N run (every subset of its "
+                   "candidates, not a run of their own): reward and tokens are unbiased, while their device time is "
+                   f"scaled from the larger run's by {how}, which may lean either way")
+    warm = plan["warmup"]
+    if warm["seconds"] is None:
+        out.append("the warm-up probe measured no warm-up (a call is missing or errored): each sweep run's first "
+                   "calls carry their actors' warm-up, which a full run pays once per actor, so device-hours, USD and "
+                   "wall-clock lean high")
+    cost, cap = plan["sweep_cost"], plan["sweep"]["share"]
+    job = cost.get("of_job")
+    if job is not None and job["fraction_usd"] is not None and greater(job["fraction_usd"], cap):
+        out.append(f"the sweep cost {100 * job['fraction_usd']:.3g}% of the job's projected USD ({job['label']}), "
+                   f"more than its share of {100 * cap:g}%: it was sized by the candidates each config starts, "
+                   "before anything ran; a smaller --sample or --sweep-share fits it")
+    return out
+
+
+def caveats(meta: dict, devices: list[dict], projected: list[dict], notes: list[str], no_cut: list[str],
+            plan: dict | None = None) -> list[str]:
     """Every caveat of a plan, most important first: `meta` is the sample record (`planning.sample`), `devices` the
     devices the sweep's runs ran on, `projected` the projection (`planning.projection.project`), `notes` what the
-    answer could not resolve, `no_cut` the Speculative Rejection runs that rejected nothing."""
+    answer could not resolve, `no_cut` the Speculative Rejection runs that rejected nothing; `plan` (plan.json's
+    content) adds the sweep's own (`sweep_caveats`)."""
     k, n = meta["sample"]["prompts"], meta["dataset"]["prompts"]
     out = list(notes)
     if k == n:
@@ -73,9 +102,6 @@ def caveats(meta: dict, devices: list[dict], projected: list[dict], notes: list[
         d = devices[-1]
         out.append(f"device-hours, USD and wall-clock hold only for the device the sample ran on ({describe_device(d)}"
                    "); on another device only tokens and FLOPs hold")
-        out.append(f"each sweep run started its own actors, whose first calls carry their warm-up, which a full run "
-                   f"pays once per actor: over {k} prompts it weighs more, so device-hours, USD and wall-clock lean "
-                   "high")
         load, cpus = d.get("load_average"), d.get("host_cpus")
         if load is not None and cpus and load > cpus:
             out.append(f"the machine was loaded while the sweep ran (load average {load:.1f} on {cpus} cores): "
@@ -94,4 +120,6 @@ def caveats(meta: dict, devices: list[dict], projected: list[dict], notes: list[
                    "duplicate id, ...): they are error rows that cost nothing, left out of every total")
     for label in no_cut:
         out.append(f"{label} rejected no candidate on the sample: it was Best-of-N at Speculative Rejection's price")
+    if plan is not None:
+        out += sweep_caveats(plan)
     return out

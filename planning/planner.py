@@ -3,9 +3,11 @@
 The plan's folder (``--out``, local) holds::
 
     sample/prompts.jsonl    the sample (`planning.sample`), read by every sweep run
-    sample/sample.json      what it was drawn from, the prompt set's size and lengths; written last
+    sample/sample.json      what it was drawn from, the prompt set's size and lengths, the sweep's size and cuts
+                            (`planning.budget`); written last
     sweep/LABEL.yaml        the job config of each sweep run (`planning.sweep`): `winnow generate` of it is the run
     sweep/LABEL/            its run folder (an ordinary one: resumable, reportable)
+    sweep/warmup/           the warm-up probe's run (`planning.estimate`), on sweep/warmup-prompts.jsonl
     sweep/devices.json      what each sweep run ran on
     config.yaml             the picked config: the job's config with the method set, ready for `winnow generate`
     plan.md, plan.json      the projection, the answer and what it cannot know; plan_frontier.png, its plot
@@ -15,11 +17,11 @@ again: the sample is reused when drawn from the same inputs, a finished sweep ru
 resumes (each prompt exactly once, `winnow generate`'s own resume). A plan whose sweep is finished answers another
 question (`--target-reward`, `--budget-usd`, neither) without running anything.
 
-Failures: bad input (the config, the methods, the sample's size, a folder holding something else or runs of
-another config, a question no swept config answers) raises `schemas.base.InputError` before anything is written
-where it can be known before (exit 2); a failed sweep run raises `PlanFailed` (exit 1), an interrupt `Interrupted`
-(exit 130). `generate` (the `winnow generate` entry point), `connect` (`pipeline.job.connect`) and `resolve`
-(`assets.resolve`) are handed in by `jobs.plan`, which wires them.
+Failures: bad input (the config, the methods, the sample's size, a job too small to plan within the sweep's share,
+a folder holding something else or runs of another config, a question no swept config answers) raises
+`schemas.base.InputError` before anything is written where it can be known before (exit 2); a failed sweep run
+raises `PlanFailed` (exit 1), an interrupt `Interrupted` (exit 130). `generate` (the `winnow generate` entry point),
+`connect` (`pipeline.job.connect`) and `resolve` (`assets.resolve`) are handed in by `jobs.plan`, which wires them.
 """
 
 from __future__ import annotations
@@ -28,15 +30,19 @@ import datetime as dt
 import json
 import os
 import platform
+import shlex
 import uuid
 from typing import Callable
 
 import yaml
 
+from planning import estimate
 from planning import sample as sampling
+from planning.budget import Sizing, TooSmall, size_sweep
 from planning.caveats import caveats, describe_device
 from planning.projection import Measured, Question, Unanswerable, answer, fixed_seconds, measure, project
-from planning.sweep import job_with_method, label, sweep_config, sweep_workers
+from planning.sweep import (PROBE, PROBE_CALLS, PROBE_PROMPTS, job_with_method, label, layout, probe_call,
+                            probe_config, probe_rows, sweep_config, sweep_workers)
 from reporting.cost import run_cost
 from reporting.plancheck import PLAN_FILE, PLAN_FORMAT
 from runfolder.folder import changed_keys, store
@@ -52,8 +58,10 @@ DEVICES_FILE = "devices.json"
 CONFIG_FILE = "config.yaml"
 MARKDOWN_FILE = "plan.md"
 PLOT_FILE = "plan_frontier.png"
+PROBE_FILE = f"{PROBE}-prompts.jsonl"  # in sweep/: the warm-up probe's prompts
 OWNED = {sampling.SAMPLE_DIR, SWEEP_DIR, CONFIG_FILE, MARKDOWN_FILE, PLAN_FILE, PLOT_FILE}
-HIGHEST = {"lexical": 1.0, "process": 1.0, "logprob": 0.0}  # the highest value of rewards that have one
+# the highest value of the rewards that have one
+HIGHEST = {"lexical": 1.0, "process": 1.0, "logprob": 0.0, "math": 1.0, "code": 1.0}
 
 
 class PlanFailed(Exception):
@@ -106,13 +114,18 @@ class Planner:
     def __init__(self, raw: dict, job: JobConfig, config_path: str, out: str, question: Question,
                  size: sampling.SampleSize, methods: list[dict], command: str, generate: Callable[[list[str]], int],
                  connect: Callable[[], str], resolve: Callable[[str], str], log: Callable[[str], None] = print,
-                 basis: str = "compute"):
+                 basis: str = "compute", share: float = 0.1):
         self.raw, self.job, self.config_path = raw, job, config_path
         self.out = os.path.abspath(os.path.expanduser(out)) if "://" not in out else out.rstrip("/")
         self.question, self.size, self.methods = question, size, methods
-        self.labels = [label(m) for m in methods]
+        self.config_labels = [label(m) for m in methods]
         self.command, self.generate, self.connect, self.resolve, self.say = command, generate, connect, resolve, log
-        self.basis = basis
+        self.basis, self.share = basis, share
+        self.layout = layout(raw, methods)  # the runs that measure every config, before the share cuts any
+        own = job.method.model_dump(mode="json")
+        self.own = next((name for m, name in zip(methods, self.config_labels)
+                         if job_with_method(raw, m).method.model_dump(mode="json") == own), None)
+        self.sized: Sizing | None = None  # the sweep as the share sized it (`sizing`)
         self.ready: dict | None = None  # the plan, when `check` found the sweep finished and projected it
 
     def log(self, line: str) -> None:
@@ -131,11 +144,47 @@ class Planner:
 
         return location_key(source_location(self.job.data.source))
 
+    def fit_sweep(self, prompts: int, asked: int, floor: int | None = None) -> Sizing:
+        """The sweep sized to the share (`planning.budget.size_sweep`); InputError when the job is too small."""
+        try:
+            return size_sweep(self.layout, self.raw, prompts, asked, self.share,
+                              self.job.method.candidates(), self.own, floor)
+        except TooSmall as err:
+            raise InputError(f"{err}; nothing was written") from None
+
+    def sizing(self, meta: dict) -> Sizing:
+        """The sweep of a drawn sample: as it was sized when drawn, or, for other --methods than it was drawn for,
+        those methods' runs cut to fit its sample."""
+        if self.sized is None:
+            record, k = meta["sweep"], meta["sample"]["prompts"]
+            same = record.get("methods") == self.methods
+            self.sized = (self.fit_sweep(meta["dataset"]["prompts"], record["asked"]) if same
+                          else self.fit_sweep(meta["dataset"]["prompts"], k, floor=k))
+            if self.sized.sample != k:
+                raise InputError(f"--out {self.out}: its sample of {k} prompts does not fit the sweep's share now "
+                                 f"({self.sized.sample} would); give another --out")
+        return self.sized
+
+    @property
+    def labels(self) -> list[str]:
+        """The sweep's runs (the warm-up probe apart), once sized."""
+        return [r.label for r in self.sized.runs] if self.sized is not None else []
+
+    def probe_method(self) -> dict:
+        """The warm-up probe's method: the cheapest run's, or for a Best-of-N run its smallest config's. Its warm
+        calls, narrow beside the sweep's runs, also give the device model a point of its own."""
+        cheapest = min(self.sized.runs, key=lambda r: r.units)
+        return dict(zip(self.config_labels, self.methods))[cheapest.serves[0][0]]
+
     def sweep_configs(self, meta: dict) -> list[dict]:
+        """The job config of each run (`labels`), then the probe's."""
+        runs = self.sizing(meta).runs
         workers = sweep_workers(self.job, meta["sample"]["prompts"])
         sample_file = self.at(sampling.SAMPLE_DIR, sampling.PROMPTS_FILE)
-        return [sweep_config(self.job, m, sample_file, meta["columns"], self.folder(name), workers)
-                for m, name in zip(self.methods, self.labels)]
+        return ([sweep_config(self.job, r.method, sample_file, meta["columns"], self.folder(r.label), workers)
+                 for r in runs]
+                + [probe_config(self.job, self.probe_method(), self.at(SWEEP_DIR, PROBE_FILE), meta["columns"],
+                                self.folder(PROBE))])
 
     def _manifest(self, name: str) -> dict | None:
         path = os.path.join(self.folder(name), "manifest.json")
@@ -180,11 +229,11 @@ class Planner:
             except InputError as err:
                 problems += err.problems
             limit, count = self.job.data.limit, self.size.count
-            if limit is not None and count is not None and count > limit:
+            if limit is not None and count is not None and count > limit and not self.size.at_most:
                 problems.append(f"--sample {self.size.text}: {count} prompts asked for, but data.limit keeps "
                                 f"{limit}; give --sample {limit} or fewer")
         elif location is not None:
-            now = sampling.inputs(self.job, self.size, location)
+            now = sampling.inputs(self.job, self.size, location, self.share)
             changed = changed_keys(meta["inputs"], now)
             if changed:
                 problems.append(f"{shown}: its sample was drawn from other inputs ({', '.join(changed)} changed); "
@@ -200,8 +249,9 @@ class Planner:
                                         f"drawn ({meta['source_bytes']} bytes then, {size} now); give another --out")
         problems += self.question_bounds()
         done = meta is not None and not problems
-        if meta is not None:
-            for name, cfg in zip(self.labels, self.sweep_configs(meta)):
+        if meta is not None and not problems:
+            configs = self.sweep_configs(meta)  # sizes the sweep first: `labels` are then known
+            for name, cfg in zip([*self.labels, PROBE], configs):
                 manifest = self._manifest(name)
                 if manifest is None:
                     done = False
@@ -279,9 +329,13 @@ class Planner:
         staging = f"{self.out}{sampling.STAGING}{uuid.uuid4().hex[:12]}"
         size = source_bytes(source) if source.local else None
         self.log(f"reading the prompt set ({self.job.data.source}) to draw a sample of {self.size.text}")
+        def fit(prompts: int, asked: int) -> tuple[int, dict]:
+            self.sized = self.fit_sweep(prompts, asked)
+            return self.sized.sample, {**self.sized.record(), "methods": self.methods}
+
         try:
             meta = sampling.draw(self.job, self.size, fs, self.out, staging, staging, None, source, self.location(),
-                                 size)
+                                 size, self.share, fit)
         finally:
             if fs.exists(staging):
                 fs.rm(staging, recursive=True)
@@ -290,12 +344,36 @@ class Planner:
                  f"{meta['file']}")
         return meta
 
+    def say_sizing(self, meta: dict) -> None:
+        """One line: the sweep's runs, and what the share cut."""
+        sized = self.sizing(meta)
+        line = (f"the sweep: {', '.join(self.labels)} and the warm-up probe on {sized.sample} prompts, at most "
+                f"{100 * sized.planned / sized.allowed * sized.share:.2g}% of the job by the candidates it counts "
+                f"(--sweep-share {sized.share:g})")
+        if sized.sample < sized.asked:
+            line += f"; the sample cut from {sized.asked}"
+        if sized.cut:
+            line += f"; cut to fit: {', '.join(sized.cut)}"
+        self.log(line)
+
+    def write_probe_prompts(self, meta: dict) -> None:
+        """The warm-up probe's prompts (`planning.sweep.probe_rows`), from the sample."""
+        path = self.at(SWEEP_DIR, PROBE_FILE)
+        with open(self.at(sampling.SAMPLE_DIR, sampling.PROMPTS_FILE), encoding="utf-8") as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+        text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in probe_rows(rows, meta["columns"]["id"]))
+        if not os.path.isfile(path):
+            sampling.write_atomic(store(path)[0], path, text.encode("utf-8"))
+
     def sweep(self, meta: dict) -> None:
-        """Run (or resume) every sweep run not yet finished, through `winnow generate`."""
+        """Run (or resume) the warm-up probe and every sweep run not yet finished, through `winnow generate`."""
+        self.say_sizing(meta)
         configs = self.sweep_configs(meta)
+        configs = configs[-1:] + configs[:-1]  # the probe first
         devices_path = self.at(SWEEP_DIR, DEVICES_FILE)
         devices = self._devices()
-        for n, (name, cfg) in enumerate(zip(self.labels, configs), 1):
+        self.write_probe_prompts(meta)
+        for n, (name, cfg) in enumerate(zip([PROBE, *self.labels], configs), 1):
             manifest = self._manifest(name)
             if manifest is not None and manifest.get("status") == "succeeded":
                 self.log(f"[{n}/{len(configs)}] sweep {name}: finished before; reused")
@@ -334,34 +412,67 @@ class Planner:
 
     def project(self, meta: dict) -> dict:
         """The plan (plan.json's content) from the finished sweep runs; Unanswerable when no config answers."""
+        sized = self.sizing(meta)
         runs = [load_run(self.folder(name)) for name in self.labels]
+        probe = load_run(self.folder(PROBE))
         ids = self.sample_ids(meta)
         costs = [run_cost(run, self.resolve) for run in runs]
-        measured: list[Measured] = [measure(name, ids, {r["prompt_id"]: r for r in run.rows}, cost.flops)
-                                    for name, run, cost in zip(self.labels, runs, costs)]
         k, n = meta["sample"]["prompts"], meta["dataset"]["prompts"]
         workers = sweep_workers(self.job, k)
+        warmup = estimate.warmup_seconds(probe.rows)
+        warm = warmup["seconds"] or 0.0
+        seconds = [run.manifest.cost.device_seconds for run in runs]
+        scales = [max(0.0, s - warm * workers) / s if s > 0 else 1.0 for s in seconds]
+        by_id = [{r["prompt_id"]: r for r in run.rows} for run in runs]
+        probe_cost = run_cost(probe, self.resolve)
+        warm_calls = [r for r in probe.rows if (probe_call(r["prompt_id"]) or 0) >= 1]
+        points = [(s * f, rows.values(), cost) for s, f, rows, cost in zip(seconds, scales, by_id, costs)]
+        points.append((sum(r["cost"]["device_seconds"] or 0.0 for r in warm_calls), warm_calls, probe_cost))
+        model = estimate.fit_device_model([
+            (s, sum(estimate.forwards_of(r) or 0.0 for r in rows if r["error"] is None),
+             sum(w for r in rows if r["error"] is None
+                 and (w := (cost.flops(r) if cost.problem is None else estimate.processed(r))) is not None))
+            for s, rows, cost in points])
+        verifier = self.job.verifier is not None
+        source: dict[str, tuple[int, int | None]] = {}  # config label -> (run index, k)
+        for i, r in enumerate(sized.runs):
+            for name, kk in r.serves:
+                source[name] = (i, kk)
+        labels = [name for name in self.config_labels if name in source]
+        measured: list[Measured] = []
+        for name in labels:
+            i, kk = source[name]
+            if kk is None:
+                measured.append(measure(name, ids, by_id[i], costs[i].flops, scales[i], verifier))
+            else:
+                measured.append(estimate.best_of_k(name, kk, ids, by_id[i], costs[i].flops, model, scales[i],
+                                                   verifier))
         walls = [(w, run.manifest.cost.device_seconds, workers) for run in runs
                  if (w := _seconds(run.manifest.started_at, run.manifest.finished_at)) is not None]
         fixed = fixed_seconds(walls)
         price = self.job.cost.usd_per_device_hour
         least, most = self.job.resources.pool  # an elastic pool's wall-clock is projected at its most
-        projected = project(measured, n, most, price, fixed)
+        projected = project(measured, n, most, price, fixed, warm)
         picked = answer(projected, self.question, k, self.basis)
         verdicts = picked.pop("verdicts")
         devices = list(self._devices().values())
         no_cut = [name for name, run in zip(self.labels, runs) if run.manifest.no_cut]
+        given = dict(zip(self.config_labels, self.methods))
         configs = []
-        for m, name, run, p, cost in zip(self.methods, self.labels, runs, projected, costs):
+        for name, p in zip(labels, projected):
+            i, kk = source[name]
+            m, run, cost = given[name], runs[i], costs[i]
             full = job_with_method(self.raw, m)
             configs.append({"label": name, "method": full.method.model_dump(mode="json"), "given": m,
-                            "run": run.uri, "sweep_config_hash": run.manifest.config_hash,
+                            "run": run.uri, "measured_from": self.labels[i], "best_of_k": kk,
+                            "sweep_config_hash": run.manifest.config_hash,
                             "sample_errors": p["sample_errors"], "errors": p["errors"],
                             "reward_prompts": p["reward_prompts"], "projection": p["figures"],
                             "frontier": verdicts.get(name), "no_cut": bool(run.manifest.no_cut),
                             "compute_problem": cost.problem})
         pick = next(c for c in configs if c["label"] == picked["label"])
-        sweep_cost = self._sweep_cost(runs, costs, pick)
+        own = next((c for c in configs if c["label"] == self.own), None)
+        sweep_cost = self._sweep_cost([*runs, probe], [*costs, probe_cost], pick, own)
         full_config = job_with_method(self.raw, pick["given"])
         definition = reward_definition(runs[0])
         plan = {
@@ -371,14 +482,20 @@ class Planner:
             "folder": self.out,
             "job": {"config_file": self.config_path, "name": self.job.name,
                     "config": self.job.model_dump(mode="json"), "workers": most, "least_workers": least,
-                    "usd_per_device_hour": price, "output": self.job.output.path},
+                    "usd_per_device_hour": price, "output": self.job.output.path, "own_config": self.own},
             "reward": {"definition": definition.text, "kind": definition.kind, "units": definition.units},
+            "verifier": verifier,
             "question": {"kind": self.question.kind, "value": self.question.value, "text": self.question.text},
             "dataset": {**meta["dataset"], "source": self.job.data.source, "limit": self.job.data.limit},
             "sample": {**meta["sample"], "file": meta["file"], "sha256": meta["sha256"],
                        "prompt_chars": meta["prompt_chars"], "sweep_workers": workers},
+            "sweep": {**sized.record(), "probe": {"method": self.probe_method(), "prompts": PROBE_PROMPTS,
+                                                  "calls": PROBE_CALLS, "run": probe.uri}},
             "device": devices[-1] if devices else None,
             "devices": devices,
+            "warmup": {**warmup, "removed_seconds": [warm * workers if s > 0 else 0.0 for s in seconds],
+                       "full_run_seconds": warm * most},
+            "device_model": {"a_seconds_per_forward": model.a, "b_seconds_per_work": model.b, "why": model.why},
             "wall_model": {"fixed_seconds": fixed, "workers": most,
                            "sweep_runs": [{"wall_seconds": w, "device_seconds": s, "workers": wk}
                                           for w, s, wk in walls]},
@@ -389,28 +506,38 @@ class Planner:
             "sweep_cost": sweep_cost,
             "level": picked["level"],
         }
-        plan["caveats"] = caveats(meta, devices, projected, picked["notes"], no_cut)
+        plan["caveats"] = caveats(meta, devices, projected, picked["notes"], no_cut, plan)
         if least != most:
             plan["caveats"].append(f"resources.workers is an elastic pool of {least} to {most} actors: wall-clock is "
                                    f"projected for {most}, as if the cluster has room for them all from the start")
         plan["device_line"] = describe_device(plan["device"]) if plan["device"] else None
         return plan
 
-    def _sweep_cost(self, runs: list[Run], costs: list, pick: dict) -> dict:
-        """What the sweep spent (its runs' manifests), and its share of the picked config's projected full run."""
+    def _sweep_cost(self, runs: list[Run], costs: list, pick: dict, own: dict | None) -> dict:
+        """What the sweep spent (its runs' manifests, the probe's included), and its share of the projected full run
+        of the pick and of the job's own method."""
         seconds = sum(r.manifest.cost.device_seconds for r in runs)
         usd = sum(r.manifest.cost.usd for r in runs)
         tokens = sum(r.manifest.cost.target_tokens + r.manifest.cost.draft_tokens + r.manifest.cost.reward_tokens
                      for r in runs)
         flops = (sum(c.flops(row) for run, c in zip(runs, costs) for row in run.rows
                      if row["error"] is None) if all(c.problem is None for c in costs) else None)
-        proj = pick["projection"]
-        usd_full = proj["usd"]["value"]
-        flops_full = proj["flops"]["value"] if proj["flops"] else None
+
+        def share(config: dict | None) -> dict | None:
+            if config is None:
+                return None
+            proj = config["projection"]
+            usd_full = proj["usd"]["value"]
+            flops_full = proj["flops"]["value"] if proj["flops"] else None
+            return {"label": config["label"], "usd": usd_full, "flops": flops_full,
+                    "fraction_usd": usd / usd_full if usd_full else None,
+                    "fraction_flops": flops / flops_full if (flops is not None and flops_full) else None}
+
+        of_pick = share(pick)
         return {"device_seconds": seconds, "usd": usd, "processed_tokens": tokens, "flops": flops,
-                "fraction_of_full_run_usd": usd / usd_full if usd_full else None,
-                "fraction_of_full_run_flops": flops / flops_full if (flops is not None and flops_full) else None,
-                "full_run": pick["label"]}
+                "fraction_of_full_run_usd": of_pick["fraction_usd"],
+                "fraction_of_full_run_flops": of_pick["fraction_flops"], "full_run": pick["label"],
+                "of_job": share(own)}
 
     # -- the files -------------------------------------------------------------------------------------------------
 
@@ -423,7 +550,7 @@ class Planner:
         cfg = json.loads(json.dumps(self.raw))
         cfg["method"] = pick["given"]
         head = (f"# winnow plan: {pick['label']}, {pick['why']}.\n# Written by: {plan['command']}\n"
-                f"# Run it: winnow generate {self.at(CONFIG_FILE)}   (or ray job submit ... -- python -m "
+                f"# Run it: winnow generate {shlex.quote(self.at(CONFIG_FILE))}   (or ray job submit ... -- python -m "
                 "jobs.generate ...)\n")
         sampling.write_atomic(fs, self.at(CONFIG_FILE), (head + yaml.safe_dump(cfg, sort_keys=False)).encode())
         png = plot(plan)

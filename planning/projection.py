@@ -8,11 +8,18 @@ billed, 0 when null), over a prompt set of N prompts that can run:
   (`reporting.stats.bootstrap_intervals`: 2,000 resamples of the sampled prompts, ``default_rng(0)``, every config
   resampled with the same prompt draws). Figures: generated tokens (every candidate's, rejected ones included),
   processed tokens (target + draft + reward, prefill and scoring included), FLOPs (`reporting.cost`), device-seconds.
+- **device-seconds** are the sweep's with their warm-up removed (`planning.estimate`); the full run's own warm-up,
+  once per actor (``warmup x W``), is added to the total and both ends of its interval.
 - **device-hours** = device-seconds / 3600; **USD** = device-hours x ``cost.usd_per_device_hour``.
 - **wall-clock** on W workers: ``fixed + device-seconds / W``, with ``fixed`` what the sweep's runs took beyond their
   device time (start-up, reading, writing: `fixed_seconds`); it assumes the W actors stay busy.
 - **mean best reward**: the mean over the sampled prompts that every swept config completed (no error, a best
   reward), with its bootstrap interval, as the report's frontier has it.
+- **verified rate** (a job with a verifier): the mean over the config's sampled prompts that ran of whether the
+  answer verified, with its bootstrap interval. **USD per verified prompt** (and FLOPs): the cost of the prompts
+  that ran over the verified ones, with the percentile bootstrap interval of that ratio
+  (`reporting.verified.ratio_intervals`); the full run's warm-up is added to the USD. None without a verified
+  prompt on the sample; an unbounded upper end is None.
 
 The frontier is `reporting.frontier.frontier` over (cost, mean best reward) of the whole dataset, the cost on the
 plan's basis as `winnow report` has it: compute (FLOPs, the default: it does not move with the machine's load) or
@@ -34,6 +41,7 @@ from reporting.cost import COMPUTE, ROLES, USD
 from reporting.frontier import Point, frontier
 from reporting.stats import BOOTSTRAP_LEVEL, bootstrap_intervals
 from reporting.tolerance import at_least, at_most, greater, less
+from reporting.verified import ratio_intervals
 
 COST_FIGURES = ("generated_tokens", "processed_tokens", "flops", "device_seconds")
 
@@ -50,27 +58,33 @@ class Measured:
     flops: np.ndarray | None  # None: the run has no compute (a parameter count is missing)
     device_seconds: np.ndarray
     errors: int = 0
+    verified: np.ndarray | None = None  # per prompt: 1 when the answer verified, else 0 (nan: an error); None: no
+    # verifier. A Best-of-k estimate holds the chance, between 0 and 1.
 
 
-def measure(label: str, prompt_ids: list[str], rows: dict[str, dict], flops_of) -> Measured:
+def measure(label: str, prompt_ids: list[str], rows: dict[str, dict], flops_of, scale: float = 1.0,
+            verifier: bool = False) -> Measured:
     """`Measured` of a run's rows (prompt_id -> row) on the sample's `prompt_ids`; `flops_of(row)` is the row's
-    compute (`reporting.cost.RunCost.flops`, None without compute). A sampled prompt without a row counts as an
-    error that cost nothing."""
-    reward, generated, processed, flops, seconds, errors = [], [], [], [], [], 0
+    compute (`reporting.cost.RunCost.flops`, None without compute); `scale` multiplies device-seconds (the warm-up's
+    removal); `verifier` fills `verified` from ``stats.best_verified`` (null counts as not verified). A sampled
+    prompt without a row counts as an error that cost nothing."""
+    reward, generated, processed, flops, seconds, verified, errors = [], [], [], [], [], [], 0
     for pid in prompt_ids:
         row = rows.get(pid) or {"error": "no row", "candidates": [], "cost": None, "best_reward": None}
         cost = row["cost"] or {}
         errors += row["error"] is not None
         reward.append(row["best_reward"] if row["error"] is None and row["best_reward"] is not None else math.nan)
+        verified.append(math.nan if row["error"] is not None
+                        else float((row.get("stats") or {}).get("best_verified") is True))
         generated.append(sum(c["num_tokens"] or 0 for c in row["candidates"] or []))
         tokens = [cost.get(f"{r}_tokens") for r in ROLES]
         processed.append(sum(t or 0 for t in tokens))
         flops.append(flops_of(row) if all(t is not None for t in tokens) and cost else 0.0)
-        seconds.append(cost.get("device_seconds") or 0.0)
+        seconds.append((cost.get("device_seconds") or 0.0) * scale)
     has_flops = all(f is not None for f in flops)
     return Measured(label, np.array(reward, dtype=float), np.array(generated, dtype=float),
                     np.array(processed, dtype=float), np.array(flops, dtype=float) if has_flops else None,
-                    np.array(seconds, dtype=float), errors)
+                    np.array(seconds, dtype=float), errors, np.array(verified, dtype=float) if verifier else None)
 
 
 def _figure(value: float, interval, per_prompt: float | None = None) -> dict:
@@ -85,10 +99,33 @@ def wall_seconds(device_seconds: float, workers: int, fixed_seconds: float) -> f
     return fixed_seconds + device_seconds / workers
 
 
+def verified_figures(m: Measured, usd_per_device_hour: float, warmup_usd: float, prompts: int) -> dict:
+    """The verified rate and the cost of a verified prompt (USD, FLOPs) of one config (module docstring)."""
+    ran = np.isfinite(m.verified)
+    out: dict = {"verified_rate": None, "usd_per_verified": None, "flops_per_verified": None}
+    if not ran.any():
+        return out
+    v = m.verified[ran]
+    out["verified_rate"] = _figure(v.mean(), bootstrap_intervals(v[None, :])[0])
+    if not v.sum() > 0:
+        return out
+    verified_total = prompts * v.sum() / len(m.verified)  # the prompt set's verified prompts
+    units = [("usd_per_verified", m.device_seconds[ran] / 3600 * usd_per_device_hour, warmup_usd)]
+    if m.flops is not None:
+        units.append(("flops_per_verified", m.flops[ran], 0.0))
+    ivs = ratio_intervals(np.stack([u[1] for u in units]), v)
+    for (name, costs, extra), (low, high) in zip(units, ivs):
+        add = extra / verified_total
+        out[name] = {"value": float(costs.sum() / v.sum() + add), "interval": [
+            float(low + add), None if math.isinf(high) else float(high + add)]}
+    return out
+
+
 def project(measured: list[Measured], prompts: int, workers: int, usd_per_device_hour: float,
-            fixed_seconds: float) -> list[dict]:
+            fixed_seconds: float, warmup_seconds: float = 0.0) -> list[dict]:
     """Each config's projection to `prompts` prompts (module docstring): figure -> {value, interval, per_prompt},
-    plus ``reward_prompts`` (the sampled prompts every config completed) and ``errors`` (projected error rows)."""
+    plus ``reward_prompts`` (the sampled prompts every config completed) and ``errors`` (projected error rows).
+    `warmup_seconds`: one actor's warm-up, paid by the full run once on each of its `workers`."""
     k = len(measured[0].reward)
     common = np.all(np.isfinite(np.stack([m.reward for m in measured])), axis=0)  # [K]
     rewards = np.stack([m.reward[common] for m in measured])  # [R, P]
@@ -109,13 +146,16 @@ def project(measured: list[Measured], prompts: int, workers: int, usd_per_device
             got = totals[name].get(i)
             figures[name] = None if got is None else _figure(prompts * got[0], prompts * got[1], got[0])
         mean_s, iv_s = totals["device_seconds"][i]
-        seconds = (prompts * mean_s, prompts * iv_s[0], prompts * iv_s[1])
+        warm = warmup_seconds * workers
+        seconds = (prompts * mean_s + warm, prompts * iv_s[0] + warm, prompts * iv_s[1] + warm)
         figures["device_hours"] = _figure(seconds[0] / 3600, [s / 3600 for s in seconds[1:]], mean_s / 3600)
         figures["usd"] = _figure(seconds[0] / 3600 * usd_per_device_hour,
                                  [s / 3600 * usd_per_device_hour for s in seconds[1:]],
                                  mean_s / 3600 * usd_per_device_hour)
         figures["wall_seconds"] = _figure(wall_seconds(seconds[0], workers, fixed_seconds),
                                           [wall_seconds(s, workers, fixed_seconds) for s in seconds[1:]])
+        if m.verified is not None:
+            figures.update(verified_figures(m, usd_per_device_hour, warm / 3600 * usd_per_device_hour, prompts))
         out.append({"label": m.label, "figures": figures, "reward_prompts": int(common.sum()),
                     "sample_errors": m.errors, "errors": prompts * m.errors / k})
     return out

@@ -3,14 +3,27 @@ summary `winnow plan` prints."""
 
 from __future__ import annotations
 
+import shlex
+
 from reporting import plots as report_plots
-from reporting.plancheck import NAMES, fmt
+from reporting.plancheck import NAMES, VERIFIED_NAMES, fmt
 
 
 def _iv(name: str, f: dict | None) -> str:
     if f is None:
         return "n/a"
-    return f"{fmt(name, f['value'])} [{fmt(name, f['interval'][0])}, {fmt(name, f['interval'][1])}]"
+    high = "unbounded" if f["interval"][1] is None else fmt(name, f["interval"][1])
+    return f"{fmt(name, f['value'])} [{fmt(name, f['interval'][0])}, {high}]"
+
+
+def names(plan: dict) -> dict:
+    """The figures a plan shows: the verified ones too when the job has a verifier."""
+    return {**NAMES, **VERIFIED_NAMES} if plan.get("verifier") else NAMES
+
+
+def quoted(*words: str) -> str:
+    """A command as a shell reads it back: every word quoted where it needs to be."""
+    return " ".join(shlex.quote(str(w)) for w in words)
 
 
 def _verdict(c: dict, plan: dict) -> str:
@@ -37,15 +50,26 @@ def answer_line(plan: dict) -> str:
                                                                       if k != "name")
             + f"): {a['why']}. For the {n:,} prompts: mean best reward {_iv('mean_best_reward', p['mean_best_reward'])}"
             f", {_iv('usd', p['usd'])}, {_iv('device_hours', p['device_hours'])} device-hours, wall-clock "
-            f"{_iv('wall_seconds', p['wall_seconds'])} on {plan['job']['workers']} worker(s). Config: "
-            f"`{a['config_file']}`.")
+            f"{_iv('wall_seconds', p['wall_seconds'])} on {plan['job']['workers']} worker(s)"
+            + (f"; verified rate {_iv('verified_rate', p.get('verified_rate'))}, "
+               + (f"{_iv('usd_per_verified', p['usd_per_verified'])} per verified prompt"
+                  if p.get("usd_per_verified") else "no verified prompt on the sample (no cost of a pass)")
+               if plan.get("verifier") else "")
+            + f". Config: `{a['config_file']}`.")
+
+
+def _measured_by(c: dict) -> str:
+    if c.get("best_of_k") is None or c["label"] == c.get("measured_from", c["label"]):
+        return c["method"]["name"]
+    return f"{c['method']['name']} (from {c['measured_from']})"
 
 
 def config_table(plan: dict) -> list[str]:
-    head = ["config", "method"] + list(NAMES.values()) + ["frontier"]
+    shown = names(plan)
+    head = ["config", "method"] + list(shown.values()) + ["frontier"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for c in plan["configs"]:
-        cells = [c["label"], c["method"]["name"]] + [_iv(f, c["projection"][f]) for f in NAMES]
+        cells = [c["label"], _measured_by(c)] + [_iv(f, c["projection"].get(f)) for f in shown]
         lines.append("| " + " | ".join(cells + [_verdict(c, plan)]) + " |")
     return lines
 
@@ -84,19 +108,23 @@ def markdown(plan: dict) -> str:
         c = chars[who]
         lines.append(f"| {who} ({c['prompts']:,}) | {c['mean']:.1f} | {c['min']} | {c['median']:.0f} | "
                      f"{c['p95']:.0f} | {c['max']} |")
+    lines += ["", "## The sweep", ""] + sweep_lines(plan)
     lines += ["", "## What the sweep cost", "",
-              f"{len(plan['configs'])} runs on the sample: {sweep['device_seconds']:.1f} device-seconds, "
-              f"${sweep['usd']:.4g}, {sweep['processed_tokens']:,} processed tokens"
-              + (f", {fmt('flops', sweep['flops'])}" if sweep["flops"] is not None else "") + "."]
-    if sweep["fraction_of_full_run_usd"] is not None:
-        lines[-1] += (f" That is {100 * sweep['fraction_of_full_run_usd']:.3g}% of the projected USD of the full run "
-                      f"of {sweep['full_run']}"
-                      + (f" ({100 * sweep['fraction_of_full_run_flops']:.3g}% of its FLOPs)"
-                         if sweep["fraction_of_full_run_flops"] is not None else "") + ".")
+              f"{len(plan['sweep']['runs'])} run(s) and the warm-up probe on the sample: "
+              f"{sweep['device_seconds']:.1f} device-seconds, ${sweep['usd']:.4g}, {sweep['processed_tokens']:,} "
+              "processed tokens" + (f", {fmt('flops', sweep['flops'])}" if sweep["flops"] is not None else "") + "."]
+    for who, share in (("the picked config", _pick_share(sweep)), ("the job's own method", sweep.get("of_job"))):
+        if share is not None and share["fraction_usd"] is not None:
+            lines[-1] += (f" That is {100 * share['fraction_usd']:.3g}% of the projected USD of the full run of "
+                          f"{who}, {share['label']}"
+                          + (f" ({100 * share['fraction_flops']:.3g}% of its FLOPs)"
+                             if share["fraction_flops"] is not None else "") + ".")
+    lines[-1] += f" Its share: at most {100 * plan['sweep']['share']:g}% of the job (--sweep-share)."
     wall = plan["wall_model"]
     lines += ["", "## Run it, then check it", "", "```bash",
-              f"winnow generate {plan['answer']['config_file']}",
-              f"winnow report {plan['job']['output']} --plan {plan['folder']} --out REPORT_DIR", "```", "",
+              quoted("winnow", "generate", plan["answer"]["config_file"]),
+              quoted("winnow", "report", plan["job"]["output"], "--plan", plan["folder"], "--out") + " REPORT_DIR",
+              "```", "",
               "The check puts this projection beside what the run spent and earned, and says whether each figure "
               "fell inside its interval.", "", "## Definitions", "",
               f"- **projection**: a figure's total for the prompt set is its mean over the sampled prompts times "
@@ -110,8 +138,50 @@ def markdown(plan: dict) -> str:
               f"- **wall-clock**: {wall['fixed_seconds']:.1f} s (what the sweep's runs took beyond their device time: "
               f"start-up, reading, writing; the median over its runs) + device-seconds / {wall['workers']} workers; "
               "it assumes the workers stay busy.",
+              "- **Best-of-k from Best-of-n**: the expected best reward of a uniformly drawn k of the n candidates "
+              "(sum_i r_(i) C(i-1, k-1) / C(n, k) over the sorted rewards), k/n of their tokens, the prompt's own "
+              "tokens once.",
               f"- **command**: `{plan['command']}`.", ""]
     return "\n".join(lines)
+
+
+def _pick_share(sweep: dict) -> dict | None:
+    if sweep["fraction_of_full_run_usd"] is None:
+        return None
+    return {"label": sweep["full_run"], "fraction_usd": sweep["fraction_of_full_run_usd"],
+            "fraction_flops": sweep["fraction_of_full_run_flops"]}
+
+
+def sweep_lines(plan: dict) -> list[str]:
+    """plan.md's section on the sweep: its runs, what each config is measured from, what the share cut, the
+    warm-up measured and taken out."""
+    s, d = plan["sweep"], plan["dataset"]
+    out = [f"Runs on {plan['sample']['prompts']} sampled prompts: {', '.join(s['runs'])}. Best-of-N configs that "
+           "differ only in n are estimated from the largest one's candidates (the expected best of every subset of "
+           "k), so they need no run of their own."]
+    cuts = []
+    if s["sample"] < s["asked"]:
+        cuts.append(f"the sample, from {s['asked']} prompts to {s['sample']}")
+    if s["cut"]:
+        cuts.append("the configs " + ", ".join(s["cut"]))
+    budget = (f"The share, {100 * s['share']:g}% of the job, allows {s['allowed_candidates']:,.0f} candidates "
+              f"({d['prompts']:,} prompts x {s['job_candidates_per_prompt']} x {s['share']:g}). The sweep counts "
+              f"{s['planned_candidates']:,.0f}, the probe included: each run at least the job's "
+              f"{s['job_candidates_per_prompt']} per prompt, since a decoding step costs about the same at any width "
+              "where the device is not full.")
+    out += ["", budget + (" To fit, it cut " + " and ".join(cuts) + "." if cuts else " Nothing was cut.")]
+    w = plan["warmup"]
+    probe = s["probe"]
+    if w["seconds"] is not None:
+        calls = ", ".join(f"{c['device_seconds']:.3f} s for {c['processed_tokens']:,.0f} tokens" for c in w["calls"])
+        out += ["", f"The warm-up: {w['seconds']:.3f} device-seconds per actor, measured by the probe "
+                f"({probe['method']['name']}, {probe['prompts']} prompts in each of {probe['calls']} calls on one "
+                f"actor: {calls}). It is taken out of each sweep run's device time "
+                f"({', '.join(f'{x:.3f} s' for x in w['removed_seconds'])}) and added once per worker of the full run "
+                f"({w['full_run_seconds']:.3f} s)."]
+    else:
+        out += ["", "The warm-up probe measured no warm-up: nothing was taken out of the device time."]
+    return out
 
 
 def plot(plan: dict) -> bytes | None:
@@ -143,8 +213,12 @@ def summary(plan: dict) -> str:
         lines += ["", "What this plan cannot know:"] + [f"- {c}." for c in plan["caveats"]]
     sweep = plan["sweep_cost"]
     if sweep["fraction_of_full_run_usd"] is not None:
+        job = sweep.get("of_job")
         lines += ["", f"The sweep cost ${sweep['usd']:.4g}, {100 * sweep['fraction_of_full_run_usd']:.3g}% of the "
-                  f"projected full run of {sweep['full_run']}."]
+                  f"projected full run of {sweep['full_run']}"
+                  + (f" and {100 * job['fraction_usd']:.3g}% of the job's own ({job['label']})"
+                     if job is not None and job["fraction_usd"] is not None and job["label"] != sweep["full_run"]
+                     else "") + "."]
     lines += ["", f"wrote {plan['folder']}/plan.md, plan.json" + (f", {plan['plot']}" if plan.get("plot") else "")
               + f" and {plan['answer']['config_file']}"]
     return "\n".join(lines).replace("**", "")

@@ -6,10 +6,12 @@ The whole prompt set is read, normalised and numbered as `winnow generate` does 
 plan's folder, by Ray tasks (the driver never holds it). From it the driver counts the prompts (the rows that can
 run: no ``input_error``; the others are error rows that cost nothing), reads each prompt's length in characters,
 and draws the sample: ``numpy.random.default_rng(seed).choice`` of K of the runnable rows without replacement, seed
-the config's. The sample is written as ``sample/prompts.jsonl`` (``prompt_id``, the chat messages and, for the
-lexical reward, the concepts), then ``sample/sample.json`` (what it was drawn from, the counts, the lengths), last,
-as the mark that the sample is whole; the staging folder is removed. A plan that is run again reuses the sample
-when ``sample.json`` says it was drawn from the same inputs, so a killed plan resumes with the same prompts.
+the config's, K sized to the sweep's share of the job (`planning.budget`). The sample is written as
+``sample/prompts.jsonl`` (``prompt_id``, the chat messages and, for the lexical reward, the concepts; the columns
+the reward and the verifier read, under their own names), then ``sample/sample.json`` (what it was drawn from,
+the counts, the lengths, the sweep's size and cuts), last, as the mark that the sample is whole; the staging folder
+is removed. A plan that is run again reuses the sample when ``sample.json`` says it was drawn from the same inputs,
+so a killed plan resumes with the same prompts.
 """
 
 from __future__ import annotations
@@ -40,15 +42,27 @@ SMALL_SAMPLE = 30  # fewer prompts than this: percentile bootstrap intervals cov
 
 @dataclass(frozen=True)
 class SampleSize:
-    """`--sample`: a number of prompts, or a fraction of the prompt set."""
+    """`--sample`: a number of prompts, or a fraction of the prompt set; `at_most` for the default, which a smaller
+    prompt set caps instead of refusing."""
 
     text: str
     count: int | None = None
     fraction: float | None = None
+    at_most: bool = False
 
     def of(self, prompts: int) -> int:
         """The sample's size for a prompt set of `prompts`."""
-        return self.count if self.count is not None else max(1, math.ceil(self.fraction * prompts))
+        if self.count is not None:
+            return min(self.count, prompts) if self.at_most else self.count
+        return max(1, math.ceil(self.fraction * prompts))
+
+
+DEFAULT_SAMPLE = 64
+
+
+def default_size() -> SampleSize:
+    """The sample when ``--sample`` is not given: 64 prompts, or the whole prompt set when it holds fewer."""
+    return SampleSize(str(DEFAULT_SAMPLE), count=DEFAULT_SAMPLE, at_most=True)
 
 
 def parse_size(text: str) -> SampleSize:
@@ -78,22 +92,22 @@ def concepts_column(config: JobConfig) -> str | None:
 
 
 def columns(config: JobConfig) -> dict:
-    """The sample file's columns: the prompt (chat messages), the id and, for the lexical reward, the concepts under
-    the config's own column name (part of the reward's definition), the first two named apart from it."""
+    """The sample file's columns: the prompt (chat messages), the id and, for the lexical reward, the concepts; the
+    concepts and the columns the reward and the verifier read (`JobConfig.reward_columns`) keep the config's own
+    names (the reward's definition names them), and the prompt and id columns are named apart from them."""
     concepts = concepts_column(config)
-    prompt, ident = "prompt", "prompt_id"
-    if concepts == prompt:
-        prompt = "prompt_messages"
-    if concepts == ident:
-        ident = "prompt_key"
-    return {"prompt": prompt, "id": ident, "concepts": concepts}
+    taken = {concepts, *config.reward_columns}
+    prompt = next(c for c in ("prompt", "prompt_messages", "prompt_messages_") if c not in taken)
+    ident = next(c for c in ("prompt_id", "prompt_key", "prompt_key_") if c not in taken)
+    return {"prompt": prompt, "id": ident, "concepts": concepts, "reward": list(config.reward_columns)}
 
 
-def inputs(config: JobConfig, size: SampleSize, location: str) -> dict:
+def inputs(config: JobConfig, size: SampleSize, location: str, share: float) -> dict:
     """What a sample is drawn from: a sample on disk is reused only when these are unchanged (`location`: the
-    source as one spelling, `runfolder.paths.location_key`)."""
+    source as one spelling, `runfolder.paths.location_key`; `share`: the sweep's share of the job, which sized it)."""
     return {"data": config.data.model_dump(mode="json"), "location": location,
-            "concepts_column": concepts_column(config), "seed": config.seed, "sample": size.text}
+            "concepts_column": concepts_column(config), "reward_columns": list(config.reward_columns),
+            "seed": config.seed, "sample": size.text, "sweep_share": share}
 
 
 def choose(rows: np.ndarray, k: int, seed: int) -> np.ndarray:
@@ -166,19 +180,22 @@ def too_large(size: SampleSize, k: int, prompts: int, rows: int) -> str:
 
 
 def draw(config: JobConfig, size: SampleSize, fs, out: str, staging: str, staging_url: str, arrow_fs, source,
-         location: str, source_bytes: int | None) -> dict:
-    """Read the whole prompt set into `staging` (Ray tasks), count it, draw the sample and write it under `out`
-    (module docstring); returns the sample record (``sample.json``). InputError, with nothing written under `out`,
-    for a bad source or a sample larger than the prompt set. `staging` is left for the caller to remove."""
+         location: str, source_bytes: int | None, share: float, fit) -> dict:
+    """Read the whole prompt set into `staging` (Ray tasks), count it, size the sample and draw it, and write it under
+    `out` (module docstring); returns the sample record (``sample.json``). `fit(prompts, asked)` gives the sample's
+    size and the sweep's record (`planning.budget`), or raises InputError when the job is too small to plan.
+    InputError, with nothing written under `out`, for a bad source, a sample larger than the prompt set or a job too
+    small to plan. `staging` is left for the caller to remove."""
     from pipeline.prompts import write_prompts
 
     rows = write_prompts(config, staging_url, arrow_fs, source=source)
     ds = pads.dataset(staging, format="parquet", filesystem=fs)
     runnable = pc.field("input_error").is_null()
     ok = ds.to_table(columns=["source_row"], filter=runnable).column("source_row").to_numpy()
-    k = size.of(len(ok))
-    if k > len(ok):
-        raise InputError(too_large(size, k, len(ok), rows))
+    asked = size.of(len(ok))
+    if asked > len(ok):
+        raise InputError(too_large(size, asked, len(ok), rows))
+    k, sweep = fit(len(ok), asked)
     chosen = choose(ok, k, config.seed)
     lengths, numbers = [], []
     for batch in ds.to_batches(columns=["source_row", "prompt"], filter=runnable):
@@ -187,7 +204,8 @@ def draw(config: JobConfig, size: SampleSize, fs, out: str, staging: str, stagin
     lengths, numbers = np.concatenate(lengths), np.concatenate(numbers)
     in_sample = np.isin(numbers, chosen)
     cols = columns(config)
-    wanted = ["source_row", "prompt_id", "prompt"] + (["concepts"] if cols["concepts"] else [])
+    wanted = (["source_row", "prompt_id", "prompt"] + (["concepts"] if cols["concepts"] else [])
+              + (["columns"] if cols["reward"] else []))
     table = ds.to_table(columns=wanted, filter=runnable & pc.field("source_row").isin(pa.array(chosen)))
     table = table.sort_by("source_row")
     lines = []
@@ -195,12 +213,14 @@ def draw(config: JobConfig, size: SampleSize, fs, out: str, staging: str, stagin
         item = {cols["id"]: r["prompt_id"], cols["prompt"]: r["prompt"]}
         if cols["concepts"]:
             item[cols["concepts"]] = r["concepts"]
+        if cols["reward"]:
+            item.update({c: v for c, v in json.loads(r["columns"]).items() if c in cols["reward"]})
         lines.append(json.dumps(item, ensure_ascii=False) + "\n")
     path = posixpath.join(out, SAMPLE_DIR, PROMPTS_FILE)
     write_atomic(fs, path, "".join(lines).encode("utf-8"))
     meta = {
         "format": FORMAT,
-        "inputs": inputs(config, size, location),
+        "inputs": inputs(config, size, location, share),
         "source_bytes": source_bytes,
         "drawn_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z"),
         "file": path,
@@ -209,6 +229,7 @@ def draw(config: JobConfig, size: SampleSize, fs, out: str, staging: str, stagin
         "dataset": {"rows": rows, "prompts": int(len(ok)), "input_errors": int(rows - len(ok))},
         "sample": {"prompts": k, "fraction": k / len(ok), "seed": config.seed},
         "prompt_chars": lengths_against(lengths, lengths[in_sample]),
+        "sweep": sweep,
     }
     write_atomic(fs, posixpath.join(out, SAMPLE_DIR, META_FILE), json.dumps(meta, indent=2).encode("utf-8"))
     return meta

@@ -1,21 +1,29 @@
-"""The sweep of a plan: which method configs run on the sample, their labels, and the job config of each run.
+"""The sweep of a plan: which method configs it projects, which runs measure them, their labels, and the job config
+of each run.
 
-By default the sweep is Best-of-N at three N and Speculative Rejection's minimal config (``n`` and ``alpha: 0.5``,
-nothing else set) at the same three n: n0 / 4, n0 / 2 and n0, with n0 the job's own ``method.n`` (16 when its method
-has none). ``--methods`` replaces it: each item is ``NAME[:KEY=V[,V...]]...``, e.g. ``best_of_n:n=4,8,16`` or
-``speculative_rejection:n=8,16:alpha=0.5``; a key with several values is swept over each (every combination).
+By default the plan projects Best-of-N at every power of two up to n0 and at n0, and Speculative Rejection's minimal
+config (``n`` and ``alpha: 0.5``, nothing else set) at n0 / 4, n0 / 2 and n0, with n0 the job's own ``method.n``
+(16 when its method has none). ``--methods`` replaces it: each item is ``NAME[:KEY=V[,V...]]...``, e.g.
+``best_of_n:n=4,8,16`` or ``speculative_rejection:n=8,16:alpha=0.5``; a key with several values is swept over each
+(every combination).
+
+Best-of-N configs that differ only in n share one run, at their largest n (`layout`): Best-of-k for a smaller k is
+estimated from its candidates (`planning.estimate`). Every other config is a run of its own.
 
 A sweep run is the job's own config with the method set, the data read from the sample file, no `data.limit`, its
 run folder under the plan's ``sweep/`` and at most as many workers as the sample has batches. Everything else
 (models, generation, seed, cost, the per-worker resources) is the job's, so the sample runs as the full job would.
+The warm-up probe (`probe_config`) is the one exception: one worker, calls of a few prompts.
 """
 
 from __future__ import annotations
 
 import copy
 import itertools
+import json
 import math
 import re
+from dataclasses import dataclass
 
 import yaml
 
@@ -26,13 +34,43 @@ from schemas.methods import METHOD_NAMES
 DEFAULT_N = 16
 MINIMAL_ALPHA = 0.5
 SHORT = {"best_of_n": "bon", "speculative_rejection": "sr"}
+PROBE = "warmup"  # the warm-up probe's run label (`probe_config`)
+PROBE_PROMPTS = 2  # prompts per call of the probe
+PROBE_CALLS = 3  # its calls, one Ray Data block (`pipeline.job.read_blocks`) that one actor decodes in order: the
+# first cold, the others warm
+PROBE_MARK = "~warmup"  # the probe's prompt ids: the sampled id, the mark, the call's number
+
+
+@dataclass(frozen=True)
+class SweepRun:
+    """One run of the sweep: its label (its folder under ``sweep/``), its method as given, what a prompt of it costs
+    before anything runs (`units`: the candidates it starts per prompt), and the configs measured from it:
+    (label, k), with k for Best-of-k estimated from its candidates and None for the config it runs itself."""
+
+    label: str
+    method: dict
+    units: int
+    serves: tuple[tuple[str, int | None], ...]
+
+    @property
+    def lowerable(self) -> bool:
+        """A Best-of-N run that serves a smaller n too: it can run at that n instead."""
+        return len(self.serves) > 1
+
+    def lowered(self, raw: dict) -> "SweepRun":
+        """This Best-of-N run at its next smaller n: its largest config is cut."""
+        serves = self.serves[:-1]
+        top = dict(self.method, n=serves[-1][1])
+        return SweepRun(serves[-1][0], top, units(raw, top), serves)
 
 
 def default_methods(job: JobConfig) -> list[dict]:
-    """Best-of-N and Speculative Rejection's minimal config at n0 / 4, n0 / 2 and n0 (module docstring)."""
+    """Best-of-N at every power of two up to n0 and at n0, and Speculative Rejection's minimal config at n0 / 4,
+    n0 / 2 and n0 (module docstring)."""
     n0 = getattr(job.method, "n", None) or DEFAULT_N
+    ks = sorted({2 ** i for i in range(n0.bit_length()) if 2 ** i <= n0} | {n0})
     ns = sorted({max(1, n0 // 4), max(1, n0 // 2), n0})
-    return ([{"name": "best_of_n", "n": n} for n in ns]
+    return ([{"name": "best_of_n", "n": k} for k in ks]
             + [{"name": "speculative_rejection", "n": n, "alpha": MINIMAL_ALPHA} for n in ns])
 
 
@@ -86,7 +124,7 @@ def label(method: dict) -> str:
 def sweep_workers(job: JobConfig, sample_prompts: int) -> int:
     """The sweep's actors: the job's `resources.workers` (an elastic pool's most), at most one per batch of the
     sample."""
-    return max(1, min(job.resources.pool[1], math.ceil(sample_prompts / job.resources.prompts_per_batch)))
+    return max(1, min(job.resources.pool[1], math.ceil(sample_prompts / job.call_prompts(sample_prompts))))
 
 
 def job_with_method(raw: dict, method: dict, source: str | None = None) -> JobConfig:
@@ -112,6 +150,59 @@ def sweep_config(job: JobConfig, method: dict, sample_file: str, columns: dict, 
     cfg["output"] = {"path": run_folder}
     cfg["resources"] = {**cfg["resources"], "workers": workers}
     return cfg
+
+
+def units(raw: dict, method: dict) -> int:
+    """The candidates (or beams) a prompt of `method` starts: what the sweep's share is sized by, before anything
+    runs. Speculative Rejection counts as Best-of-N at its n (its cuts make it cheaper: an upper bound)."""
+    return job_with_method(raw, method).method.candidates()
+
+
+def layout(raw: dict, methods: list[dict]) -> list[SweepRun]:
+    """The runs that measure `methods` (module docstring): Best-of-N configs without a stop rule that differ only in
+    n share one run at their largest n; every other config is a run of its own. In the order of the methods."""
+    groups: dict[str, list[tuple[int, dict]]] = {}
+    order: list[tuple[str, object]] = []
+    for m in methods:
+        full = job_with_method(raw, m).method
+        if full.name == "best_of_n" and full.stop_rule() is None:
+            key = json.dumps({k: v for k, v in full.model_dump(mode="json").items() if k != "n"}, sort_keys=True)
+            if key not in groups:
+                order.append(("group", key))
+            groups.setdefault(key, []).append((full.n, m))
+        else:
+            order.append(("one", m))
+    out = []
+    for kind, item in order:
+        if kind == "one":
+            out.append(SweepRun(label(item), dict(item), units(raw, item), ((label(item), None),)))
+            continue
+        members = sorted(groups[item], key=lambda nm: nm[0])
+        n_top, top = members[-1]
+        out.append(SweepRun(label(top), dict(top, n=n_top), n_top, tuple((label(m), n) for n, m in members)))
+    return out
+
+
+def probe_config(job: JobConfig, method: dict, probe_file: str, columns: dict, run_folder: str) -> dict:
+    """The warm-up probe's job config: `method` on the probe's prompts (`probe_rows`), on one worker, in calls of
+    `PROBE_PROMPTS` prompts that its one actor decodes one after another."""
+    cfg = sweep_config(job, method, probe_file, columns, run_folder, 1)
+    cfg["name"] = f"{job.name}-plan-{PROBE}"
+    cfg["resources"] = {**cfg["resources"], "prompts_per_batch": PROBE_PROMPTS, "feed_calls": False}
+    return cfg
+
+
+def probe_rows(sample_rows: list[dict], id_column: str) -> list[dict]:
+    """The probe's prompts: the sample's first `PROBE_PROMPTS`, once per call, each call's under ids of its own
+    (``ID~warmupC``), so the calls are alike in size but sample other candidates."""
+    first = sample_rows[:PROBE_PROMPTS]
+    return [{**r, id_column: f"{r[id_column]}{PROBE_MARK}{c}"} for c in range(PROBE_CALLS) for r in first]
+
+
+def probe_call(prompt_id: str) -> int | None:
+    """The probe call a prompt id of the probe belongs to (`probe_rows`), or None."""
+    head, sep, tail = prompt_id.rpartition(PROBE_MARK)
+    return int(tail) if sep and tail.isdigit() else None
 
 
 def check_methods(raw: dict, methods: list[dict]) -> list[str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 from pathlib import Path
 
 import numpy as np
@@ -198,8 +199,8 @@ def test_methods_their_labels_and_the_default_sweep(tmp_path):
         parse_methods(["best_of_m:n=2", "best_of_n:n", "best_of_n:n=1:n=2"])
     assert len(err.value.problems) == 3 and "unknown method 'best_of_m'" in err.value.problems[0]
     job = validate_config(job_config(tmp_path, method={"name": "speculative_rejection", "n": 32}))
-    assert [label(m) for m in default_methods(job)] == ["bon-n8", "bon-n16", "bon-n32", "sr-n8", "sr-n16",
-                                                        "sr-n32"]
+    assert [label(m) for m in default_methods(job)] == ["bon-n1", "bon-n2", "bon-n4", "bon-n8", "bon-n16", "bon-n32",
+                                                        "sr-n8", "sr-n16", "sr-n32"]
     assert sweep_workers(validate_config(job_config(tmp_path, resources={"workers": 8})), 5) == 3  # batches of 2
 
 
@@ -307,7 +308,7 @@ def test_report_plan_says_which_figures_fell_inside_their_intervals(tmp_path):
     got = winnow("report", full, other, "--plan", str(plan), "--out", str(tmp_path / "report"))
     assert got.returncode == 0, got.stderr
     assert "Plan check: full as bon-n2: 4 of 6 checked figures inside their 95% intervals (outside: mean best " \
-           "reward, wall-clock); not checked: FLOPs." in got.stdout
+           "reward, wall-clock); not checked: FLOPs (not projected)." in got.stdout
     report = json.loads((tmp_path / "report" / "report.json").read_text())
     full_check, other_check = report["plan"]["runs"]
     figures = {f["figure"]: f for f in full_check["figures"]}
@@ -359,15 +360,21 @@ def test_a_plan_killed_mid_sweep_resumes_with_its_sample_and_is_checked_against_
 
     cfg = write_config(tmp_path / "job.yaml", _job(tmp_path, prompts=40, resources={"workers": 1,
                                                                                      "prompts_per_batch": 2}))
-    out = tmp_path / "plan"
-    args = [str(cfg), "--sample", "8", "--methods", "best_of_n:n=2", "speculative_rejection:n=4", "--out", str(out)]
+    out = tmp_path / "my plan"  # a space: every command the plan prints must still copy-paste
+    args = [str(cfg), "--sample", "8", "--sweep-share", "5", "--methods", "best_of_n:n=1,2",
+            "speculative_rejection:n=4", "--out", str(out)]
 
     # a sample larger than the prompt set: counted with Ray, refused, nothing written
     assert plan_main([str(cfg), "--sample", "41", "--out", str(out)]) == 2
     assert "--sample 41: 41 prompts asked for, but the job's prompt set" in capsys.readouterr().err
     assert _left(tmp_path, out) == []
+    # 40 prompts cannot pay for a sweep within the default share: refused before sweeping, nothing written
+    assert plan_main([str(cfg), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "--sweep-share 0.1: the job is too small to plan: its 40 prompt(s)" in err and "Traceback" not in err
+    assert "plan it anyway with --sweep-share" in err and _left(tmp_path, out) == []
 
-    first_run = out / "sweep" / "bon-n2"  # killed once the first sweep run has committed a batch
+    first_run = out / "sweep" / "warmup"  # killed once the warm-up probe, the first run, has committed a batch
     kill_once_committed(cfg, first_run, tmp_path / "first.log", argv=["-m", "jobs.cli", "plan", *args])
     sample = out / "sample" / "prompts.jsonl"
     drawn = (sample.read_bytes(), sample.stat().st_mtime_ns)
@@ -383,8 +390,18 @@ def test_a_plan_killed_mid_sweep_resumes_with_its_sample_and_is_checked_against_
         assert sorted(_ids(out / "sweep" / name)) == sorted(ids), name  # every sampled prompt exactly once
     plan = json.loads((out / "plan.json").read_text())
     assert plan["dataset"]["prompts"] == 40 and plan["sample"]["prompts"] == 8
-    assert [c["label"] for c in plan["configs"]] == ["bon-n2", "sr-n4"]
-    assert plan["answer"]["label"] in ("bon-n2", "sr-n4") and (out / "config.yaml").is_file()
+    assert [c["label"] for c in plan["configs"]] == ["bon-n1", "bon-n2", "sr-n4"]
+    assert [c["measured_from"] for c in plan["configs"]] == ["bon-n2", "bon-n2", "sr-n4"]
+    assert plan["sweep"]["runs"] == ["bon-n2", "sr-n4"] and plan["sweep"]["cut"] == []
+    assert len(plan["warmup"]["calls"]) == 3
+    assert plan["answer"]["label"] in ("bon-n1", "bon-n2", "sr-n4") and (out / "config.yaml").is_file()
+    # every command plan.md and config.yaml print reads back, paths with spaces whole
+    md = (out / "plan.md").read_text()
+    block = md.split("```bash\n", 1)[1].split("```", 1)[0].splitlines()
+    assert shlex.split(block[0]) == ["winnow", "generate", str(out / "config.yaml")]
+    assert shlex.split(block[1])[:5] == ["winnow", "report", str(tmp_path / "full"), "--plan", str(out)]
+    head = next(line for line in (out / "config.yaml").read_text().splitlines() if line.startswith("# Run it: "))
+    assert shlex.split(head[len("# Run it: "):].split("   ")[0]) == ["winnow", "generate", str(out / "config.yaml")]
     assert any("fewer than 30" in c for c in plan["caveats"])
     assert any(c.startswith("device-hours, USD and wall-clock hold only for the device") for c in plan["caveats"])
 
