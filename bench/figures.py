@@ -241,8 +241,8 @@ def verified_word_problems() -> str:
                      interval(c["usd"], c.get("usd_interval"), 6)])
     head = ["method", "verified prompts", "verified rate [95%]", "mean pass@1", "generated tokens", "decoding steps",
             "GFLOP per prompt", "device-seconds", "GFLOP per verified prompt [95%]", "USD per verified prompt [95%]"]
-    return (md(head, rows) + f"\n`{f['command']}`, each run `{runs['greedy']['command']}` with its method; "
-            f"{f['prompts']} prompts, {f['max_new_tokens']} new tokens; {f['machine']}.\n")
+    return (md(head, rows) + f"\nMade by `{f['command']}`: each method is run by `winnow generate` as "
+            f"`{runs['best-of-n']['command']}`, with its own `method`. Machine: {f['machine']}.\n")
 
 
 RENDER: dict[str, Callable[[], str]] = {

@@ -53,11 +53,11 @@ def generate(label: str, method: str, folder: Path, prompts: int, new_tokens: in
     """One method's run folder, through `winnow generate` (exits on failure, printing its stderr)."""
     run = folder / label
     argv = ["generate", str(CONFIG.relative_to(ROOT)), "--set", f"method={method}", "--set", f"data.limit={prompts}",
-            "--set", f"generation.max_new_tokens={new_tokens}", "--set", f"output.path={run}", "--no-progress"]
-    got = winnow(*argv)
+            "--set", f"generation.max_new_tokens={new_tokens}"]
+    got = winnow(*argv, "--set", f"output.path={run}", "--no-progress")
     if got.returncode != 0:
         sys.exit(f"bench.verified: {label} failed ({got.returncode}):\n{got.stderr[-3000:]}")
-    return run, ["winnow", *argv[:-2]]
+    return run, ["winnow", *argv]
 
 
 def totals(run: Path) -> dict:
