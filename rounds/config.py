@@ -61,6 +61,9 @@ class SftConfig(Strict):
     include_rejected: bool = Field(False, description="Keep Speculative Rejection's rejected candidates that have a "
                                    "reward (none do by default: their final reward is null).")
     include_truncated: bool = Field(False, description="Keep candidates that hit max_new_tokens.")
+    include_unverified: bool = Field(False, description="With a verifier in the job: keep candidates that did not "
+                                     "verify too, ranked after every verified one (by default only verified answers "
+                                     "are kept).")
 
     @field_validator("select")
     @classmethod

@@ -90,6 +90,7 @@ FIXES = {
     "empty_text": "the model answered with nothing",
     "duplicate": "",
     "below_min_reward": "lower sft.min_reward or set it to null",
+    "unverified": "no candidate verified: set sft.include_unverified: true to keep the ranker's best anyway",
     "not_selected": "",
 }
 
@@ -398,7 +399,7 @@ class Recipe:
         runs = load_runs([data.path])
         s = self.config.sft
         sel = Selection(k=parse_select(s.select), min_reward=s.min_reward, include_rejected=s.include_rejected,
-                        include_truncated=s.include_truncated)
+                        include_truncated=s.include_truncated, include_unverified=s.include_unverified)
         result = select(runs, sel)
         if result.table.num_rows == 0:
             raise InputError(empty_message(step, data.id, result, s))
@@ -406,6 +407,7 @@ class Recipe:
         argv += ["--min-reward", f"{s.min_reward:g}"] if s.min_reward is not None else []
         argv += ["--include-rejected"] if s.include_rejected else []
         argv += ["--include-truncated"] if s.include_truncated else []
+        argv += ["--include-unverified"] if s.include_unverified else []
         write_sft(result, runs, sel, step.path, argv)
         rewards = result.table.column("reward").to_pylist()
         self.log(f"{step.id}: {result.table.num_rows} examples for {result.prompts_kept} of "
@@ -477,7 +479,8 @@ def empty_message(step: Step, data_id: str, result, sft) -> str:
                 f"({result.prompts_seen} prompts)")
     last = [why for why in counts if why != "not_selected"][-1]
     setting = {"below_min_reward": f" (sft.min_reward: {sft.min_reward:g})" if sft.min_reward is not None else "",
-               "truncated": " (sft.include_truncated: false)", "rejected": " (sft.include_rejected: false)"}
+               "truncated": " (sft.include_truncated: false)", "rejected": " (sft.include_rejected: false)",
+               "unverified": " (sft.include_unverified: false)"}
     listed = "; ".join(f"{n} by `{why}` ({DROP_REASONS[why]})" for why, n in counts.items())
     return (f"{step.id}: the SFT set is empty: every one of the {result.candidates_seen} candidates of the "
             f"{result.prompts_seen} prompts of {data_id} was filtered out ({listed}). The filter that removed the "
