@@ -11,6 +11,8 @@ import pytest
 import verifier_fixtures
 from trio_helpers import config, demo_items
 
+from tests.metered import scored
+
 from pipeline.prompts.normalise import normalise_row
 from schemas.base import ConfigError
 from schemas.config import DataConfig, validate_config
@@ -144,12 +146,12 @@ def _items(texts, rows=None):
 def test_a_python_reward_is_handed_the_rows_by_its_signature():
     assert not takes_rows(verifier_fixtures.length_reward) and takes_rows(verifier_fixtures.rows_reward)
     assert not takes_rows(verifier_fixtures.reward_with_default)
-    assert PythonScorer("verifier_fixtures:length_reward")(_items(["ab", "abc"]), None) == [2.0, 3.0]
+    assert scored(PythonScorer("verifier_fixtures:length_reward"), _items(["ab", "abc"])) == [2.0, 3.0]
     verifier_fixtures.SEEN.clear()
-    got = PythonScorer("verifier_fixtures:rows_reward", columns=["weight"])(
-        _items(["ab", "abc"], [{"weight": 2}, {"weight": 10}]), None)
+    got = scored(PythonScorer("verifier_fixtures:rows_reward", columns=["weight"]),
+                 _items(["ab", "abc"], [{"weight": 2}, {"weight": 10}]))
     assert got == [4.0, 30.0] and verifier_fixtures.SEEN == [[{"weight": 2}, {"weight": 10}]]
-    assert PythonScorer("verifier_fixtures:reward_with_default")(_items(["a"]), None) == [2.0]
+    assert scored(PythonScorer("verifier_fixtures:reward_with_default"), _items(["a"])) == [2.0]
     with pytest.raises(ValueError, match=r"models.reward.function: verifier_fixtures:rows_reward takes rows \(a third "
                                          r"parameter\), but models.reward.columns names no dataset column"):
         PythonScorer("verifier_fixtures:rows_reward")
@@ -160,7 +162,7 @@ def test_a_python_reward_that_hangs_fails_at_its_time_limit_naming_it():
     started = time.monotonic()
     with pytest.raises(RuntimeError, match=r"^models.reward.function: verifier_fixtures:hangs did not return within "
                                            r"0.5 s \(1 texts; models.reward.timeout_s\)"):
-        scorer(_items(["a"]), None)
+        scorer(_items(["a"]))
     assert time.monotonic() - started < 5
 
 
@@ -265,3 +267,46 @@ def test_the_word_problems_are_what_their_generator_writes_and_their_answers_are
         else:
             want = nums[0] + nums[1]
         assert r["answer"] == want and 0 <= want <= 200, r
+
+
+# -- through the CLI: the columns reach the actors, a missing one is refused before anything loads -----------------
+
+def _column_job(tmp_path, reward: dict, rows: list[dict], verifier: dict | None = None) -> "Path":
+    from conftest import job_config, write_config, write_jsonl
+
+    src = write_jsonl(tmp_path / "p.jsonl", rows)
+    models = {"target": "builtin:tiny-target", "reward": reward, **({"verifier": verifier} if verifier else {})}
+    return write_config(tmp_path / "job.yaml", job_config(
+        tmp_path, data={"source": str(src), "limit": None}, models=models, method={"name": "best_of_n", "n": 2}))
+
+
+def test_a_missing_reference_column_exits_2_naming_it_before_any_model_loads(tmp_path):
+    from conftest import winnow
+
+    cfg = _column_job(tmp_path, {"kind": "logprob"}, [{"id": "a", "prompt": "Add 2 and 3.", "solution": 5}],
+                      {"kind": "math"})  # answer_column: answer, which the data lacks
+    for command in ("validate", "generate"):
+        got = winnow(command, str(cfg))
+        assert got.returncode == 2, got.stderr
+        assert "models.verifier.answer_column: column 'answer' is not in" in got.stderr and "Traceback" not in got.stderr
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_a_python_reward_that_takes_rows_gets_its_rows_columns_in_the_actor(tmp_path):
+    import os
+
+    from conftest import ROOT, winnow
+    from runfolder.runs import load_run
+
+    cfg = _column_job(tmp_path, {"kind": "python", "function": "verifier_fixtures:rows_reward", "columns": ["weight"]},
+                      [{"id": "a", "prompt": "Write about a dog.", "weight": 2, "other": "x"},
+                       {"id": "b", "prompt": "Write about a cat.", "weight": 10},
+                       {"id": "c", "prompt": "Write about a cow.", "weight": None}])
+    env = {"PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
+    got = winnow("generate", str(cfg), env=env)
+    assert got.returncode == 0, got.stderr[-3000:]
+    rows = {r["prompt_id"]: r for r in load_run(str(tmp_path / "run")).rows}
+    for pid, weight in (("a", 2), ("b", 10)):  # rows_reward: weight x the response's length
+        assert all(c["reward"] == weight * len(c["text"]) for c in rows[pid]["candidates"])
+    assert rows["c"]["error"] == "reward column 'weight' is null" and rows["c"]["candidates"] == []
