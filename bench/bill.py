@@ -43,12 +43,14 @@ Cases (`--cases`):
 
 Each case runs on the engines of `--engines` (hf, vllm; the reward model on transformers) for each n of `--ns`.
 `--gpus 1` runs the hf engine on a GPU (wall seconds are then the device's); `--reward-levels K` sets the reward
-session's radix-tree levels (a forward each, `CachedScoring.MAX_LEVELS`) to weigh reward forwards against reward
+session's radix-tree levels (a forward each, the reward model's `levels`) to weigh reward forwards against reward
 tokens; `--reward-prefix copy` copies every prompt's reward cache into its candidates' (the side that holding it
 once, the default, is measured against); `--reward-session whole` scores every decision's candidates whole (the side
 a session is measured against; its cases are filed as ``CASE@whole``), and `--reward-session ab` runs Speculative
-Rejection alone both ways on one runner, alternating `--repeats` times (``CASE@ab``): the interleaved A/B of the CPU
-seconds a session saves. Figures go to stdout as Markdown tables and, with `--json PATH`, to a file (docs/figures/,
+Rejection alone both ways on one engine, alternating `--repeats` times (``CASE@ab``): the interleaved A/B of the CPU
+seconds a session saves. These switches are the reward model's constructor arguments (`RewardModelScorer`:
+incremental_sessions, levels, share_prompts), handed to the runners this bench builds (`reward_switches`).
+Figures go to stdout as Markdown tables and, with `--json PATH`, to a file (docs/figures/,
 from which the docs' tables are rendered). The load average before and after is printed: this machine is shared.
 """
 
@@ -204,8 +206,10 @@ def run_side(runner, items: list[dict]) -> tuple[list[dict], float, float]:
 
 
 def bench_case(case: Case, engine: str, n: int, width: int, repeats: int, tmp: str,
-               kv_cache_mb: float | None = None, gpus: float = 0, dtype: str = "auto") -> dict:
-    """Best-of-N at n / 4, n / 2 and n and Speculative Rejection's minimal config at n, on one engine and width."""
+               kv_cache_mb: float | None = None, gpus: float = 0, dtype: str = "auto",
+               switches: dict | None = None) -> dict:
+    """Best-of-N at n / 4, n / 2 and n and Speculative Rejection's minimal config at n, on one engine and width, the
+    reward model built with the sessions' `switches`."""
     from workers.actor.runner import Runner
 
     sides = {f"BoN-{k}": {"name": "best_of_n", "n": k} for k in sorted({max(1, n // 4), max(1, n // 2), n})}
@@ -214,7 +218,8 @@ def bench_case(case: Case, engine: str, n: int, width: int, repeats: int, tmp: s
     runners = {}
     for name, method in sides.items():
         config = case.config(method, engine, width, str(Path(tmp) / "run"), kv_cache_mb, gpus, dtype)
-        runners[name] = Runner(config, share=first) if first is not None else Runner(config)
+        runners[name] = Runner(config, share=first) if first is not None else Runner(config,
+                                                                                      reward_switches=switches)
         first = first or runners[name]
     out: dict[str, dict] = {}
     rows_of: dict[str, list[dict]] = {}
@@ -262,32 +267,34 @@ def seeded_prm(out: Path, backbone: Path) -> Path:
 
 
 def sessions_ab(case: Case, engine: str, n: int, width: int, repeats: int, tmp: str,
-                kv_cache_mb: float | None = None, gpus: float = 0, dtype: str = "auto") -> dict:
+                kv_cache_mb: float | None = None, gpus: float = 0, dtype: str = "auto",
+                switches: dict | None = None) -> dict:
     """Speculative Rejection at n, its reward scored whole at every decision and with the reward sessions, on one
-    loaded runner, the two sides alternating `repeats` times (least CPU time of each kept): the interleaved A/B of
-    what a session saves in time. Both sides admit prompts alike (the runner's memory plan counts the sessions'
-    caches on both), so their rows differ only where float noise in a score moves a cut (said as `same_rows`)."""
+    loaded engine (a runner for each side, each with its reward model built with its switch), the two sides
+    alternating `repeats` times (least CPU time of each kept): the interleaved A/B of what a session saves in time.
+    Each side admits prompts by its own memory plan (the whole side keeps no session caches), which moves no
+    prompt's decisions: the rows differ only where float noise in a score moves a cut (said as `same_rows`)."""
     from workers.actor.runner import Runner
-    from workers.scoring.reward_model import RewardModelScorer
 
     method = {"name": "speculative_rejection", "n": n, "alpha": 0.5}
-    runner = Runner(case.config(method, engine, width, str(Path(tmp) / "run"), kv_cache_mb, gpus, dtype))
+    config = case.config(method, engine, width, str(Path(tmp) / "run"), kv_cache_mb, gpus, dtype)
+    switches = switches or {}
+    cached = Runner(config, reward_switches={**switches, "incremental_sessions": True})
+    runners = {"whole": Runner(config, engine=cached.engine, reward_switches={**switches,
+                                                                             "incremental_sessions": False}),
+               "cached": cached}
     out: dict[str, dict] = {}
     kept: dict[str, list] = {}
-    try:
-        for _ in range(repeats):
-            for side in ("whole", "cached"):
-                RewardModelScorer.incremental_sessions = side == "cached"
-                rows, cpu, wall = run_side(runner, case.items)
-                kept[side] = [[(c["text"], c["finish_reason"]) for c in r["candidates"]] for r in rows]
-                fig = case.figures(rows)
-                fig.update(cpu_s=min(cpu, out.get(side, {}).get("cpu_s", cpu)),
-                           wall_s=min(wall, out.get(side, {}).get("wall_s", wall)))
-                out[side] = fig
-                print(f"  {case.name} {engine} SR-{n} scored {side}: {fig['reward_per_generated']:.2f} reward tokens "
-                      f"per generated token, {fig['gflop']:.2f} GFLOP, {cpu:.1f} CPU s", flush=True)
-    finally:
-        RewardModelScorer.incremental_sessions = True
+    for _ in range(repeats):
+        for side in ("whole", "cached"):
+            rows, cpu, wall = run_side(runners[side], case.items)
+            kept[side] = [[(c["text"], c["finish_reason"]) for c in r["candidates"]] for r in rows]
+            fig = case.figures(rows)
+            fig.update(cpu_s=min(cpu, out.get(side, {}).get("cpu_s", cpu)),
+                       wall_s=min(wall, out.get(side, {}).get("wall_s", wall)))
+            out[side] = fig
+            print(f"  {case.name} {engine} SR-{n} scored {side}: {fig['reward_per_generated']:.2f} reward tokens "
+                  f"per generated token, {fig['gflop']:.2f} GFLOP, {cpu:.1f} CPU s", flush=True)
     out["cached / whole"] = {k: out["cached"][k] / out["whole"][k] for k in (
         "cpu_s", "wall_s", "gflop", "reward_gflop", "reward_tokens", "reward_forwards") if out["whole"][k]}
     out["same_rows"] = kept["cached"] == kept["whole"]
@@ -355,31 +362,31 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default="auto", help="models.dtype")
     ap.add_argument("--reward-levels", type=int, default=None,
                     help="levels of the fresh candidates' radix tree in the reward session (workers.scoring."
-                         "reward_model.CachedScoring.MAX_LEVELS; a forward each): fewer forwards, more reward tokens")
+                         "reward_session.CachedScoring's levels; a forward each): fewer forwards, more reward tokens")
     ap.add_argument("--reward-prefix", choices=("rule", "copy"), default="rule",
                     help="rule: the reward session holds a prompt's prefix once where its copies would take 4 MiB or "
-                         "more (workers.scoring.reward_model.CachedScoring.share_prompts); copy: in every candidate's "
+                         "more (workers.scoring.reward_session.CachedScoring's share_prompts); copy: in every "
+                         "candidate's "
                          "cache, as before")
     ap.add_argument("--reward-session", choices=("cached", "whole", "ab"), default="cached",
                     help="cached: a causal reward model or PRM keeps each candidate's cache between decisions; whole: "
-                         "every decision scores its candidates whole (workers.scoring.reward_model.RewardModelScorer."
+                         "every decision scores its candidates whole (workers.scoring.reward_model.RewardModelScorer's "
                          "incremental_sessions), the side a session is measured against; ab: Speculative Rejection "
-                         "alone, the two alternating --repeats times on one runner (`sessions_ab`)")
+                         "alone, the two alternating --repeats times on one engine (`sessions_ab`)")
     ap.add_argument("--json", help="also write every figure to this file (its cases are added to those it holds)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    from workers.scoring.reward_model import CachedScoring, RewardModelScorer
+    return run_cases(args)
 
-    saved = RewardModelScorer.incremental_sessions, CachedScoring.MAX_LEVELS, CachedScoring.share_prompts
-    RewardModelScorer.incremental_sessions = args.reward_session != "whole"
+
+def reward_switches(args: argparse.Namespace) -> dict:
+    """The reward model's session switches of the flags (`RewardModelScorer`'s constructor arguments)."""
+    switches: dict = {"incremental_sessions": args.reward_session != "whole"}
     if args.reward_levels is not None:
-        CachedScoring.MAX_LEVELS = args.reward_levels
+        switches["levels"] = args.reward_levels
     if args.reward_prefix == "copy":
-        CachedScoring.share_prompts = False
-    try:
-        return run_cases(args)
-    finally:  # the class settings back as they were (the tests call main in their own process)
-        RewardModelScorer.incremental_sessions, CachedScoring.MAX_LEVELS, CachedScoring.share_prompts = saved
+        switches["share_prompts"] = False
+    return switches
 
 
 def run_cases(args: argparse.Namespace) -> int:
@@ -395,7 +402,7 @@ def run_cases(args: argparse.Namespace) -> int:
                     width = max(args.width, n)
                     if args.reward_session == "ab":
                         got = sessions_ab(case, engine, n, width, args.repeats, tmp, args.kv_cache_mb, args.gpus,
-                                          args.dtype)
+                                          args.dtype, reward_switches(args))
                         print(table(f"{case.name}, engine {engine}, SR n = {n}, width {width}, {len(case.items)} "
                                     f"prompts, reward scored whole and with sessions, alternating {args.repeats}x",
                                     {k: got[k] for k in ("whole", "cached", "cached / whole")},
@@ -406,7 +413,7 @@ def run_cases(args: argparse.Namespace) -> int:
                         out["cases"][f"{case.name}@ab {engine} n={n}"] = got
                         continue
                     got = bench_case(case, engine, n, width, args.repeats, tmp, args.kv_cache_mb, args.gpus,
-                                     args.dtype)
+                                     args.dtype, reward_switches(args))
                     shown = {k: v for k, v in got.items() if k != "Best-of-k"}
                     print(table(f"{case.name}, engine {engine}, n = {n}, width {width}, {len(case.items)} prompts",
                                 shown, ["mean_best_reward", "decoding_steps", "mean_width", "reward_forwards",

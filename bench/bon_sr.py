@@ -69,13 +69,15 @@ class Bench:
         """One run of a method over the prompts, `per_call` prompts per call: results, meter, wall seconds."""
         params = validate_config(dict(self.base, method=method)).method
         meter = Meter(len(self.prompts))
-        ctx = replace(self.lexical.context_for(meter), seed=seed,
+        ctx = replace(self.lexical.context_for(), seed=seed,
                       reward=self.scorer if reward == "model" else self.lexical.reward)
         results = []
         start, cpu = time.perf_counter(), time.process_time()
         with torch.inference_mode():
             for batch in chunks(self.prompts, per_call):
-                results += run_method(ctx, params, batch)
+                got, work = run_method(ctx, params, batch)
+                results += got
+                meter.charge(work)
         wall = time.perf_counter() - start
         return {"results": results, "meter": meter, "wall": wall, "cpu": time.process_time() - cpu,
                 "tokens": sum(res.stats["generated_tokens"] for res in results)}

@@ -10,7 +10,7 @@ Prints four comparisons (Markdown tables; `--json PATH` also writes every figure
 4. Speculative Rejection with the speculative sampler vs the target sampler (reward: the tiny reward model).
 
 Calls are counted per sequence (a forward over k candidate sequences of one prompt counts k calls), which is how the
-papers count them; the batched forwards the Meter counts are shown beside them ("fwd/token").
+papers count them; the batched forwards a run hands back, charged to a Meter, are shown beside them ("fwd/token").
 Wall-clock is the best of `--repeats` runs, on `--threads` CPU threads (tiny models run fastest on one).
 Prompts: the demo prompts `--first` to `--first + --prompts`; CDSL's thresholds were tuned on demo prompts 0-15
 (see docs/draft-target.md), so the default reports on prompts 16-31. Papers 000 (CDSL) and 002 (MJSD) are listed
@@ -65,13 +65,14 @@ class Bench:
         best = math.inf
         for _ in range(self.repeats):
             meter = Meter(len(self.prompts))
-            ctx = replace(r.context_for(meter), reward=r.reward if reward == "lexical" else self.scorer)
+            ctx = replace(r.context_for(), reward=r.reward if reward == "lexical" else self.scorer)
             if target is not None:
                 ctx = replace(ctx, target=target)
             start = time.perf_counter()
             with torch.inference_mode():  # the method alone: its quality measures are added after the timing
-                results = run_method(ctx, cfg.method, self.prompts)
+                results, work = run_method(ctx, cfg.method, self.prompts)
             best = min(best, time.perf_counter() - start)
+            meter.charge(work)
         add_measures(ctx, self.prompts, results)
         return {"results": results, "meter": meter, "wall": best}
 

@@ -390,7 +390,8 @@ def install_timers(phases: Phases) -> None:
     import workers.decoding.batch as batch_module
     import workers.decoding.target as target_module
     from workers.decoding.kvcache import GrowingLayer
-    from workers.scoring.reward_model import CachedScoring, RewardModelScorer
+    from workers.scoring.reward_model import RewardModelScorer
+    from workers.scoring.reward_session import CachedScoring
 
     phases.wrap(target_module, "forward", "forward")
     phases.wrap(DynamicLayer, "update", "cache update")  # generate's cache

@@ -128,12 +128,12 @@ def profiled(bench: Bench, text: str, ids: list[int], n: int, top: int = 18) -> 
 
     for side in ("engine", "generate"):
         prof = cProfile.Profile()
-        serve = Loop._serve
+        serve = Loop.serve
 
-        def serve_profiled(self, serve=serve, prof=prof):
+        def serve_profiled(self, pool, serve=serve, prof=prof):
             prof.enable()
             try:
-                serve(self)
+                serve(self, pool)
             finally:
                 prof.disable()
 
@@ -144,14 +144,14 @@ def profiled(bench: Bench, text: str, ids: list[int], n: int, top: int = 18) -> 
                 torch.cuda.set_sync_debug_mode("warn")
             try:
                 if side == "engine":
-                    Loop._serve = serve_profiled
+                    Loop.serve = serve_profiled
                     r = bench.engine(text, n)
                 else:
                     prof.enable()
                     r = bench.generate(ids, n)
                     prof.disable()
             finally:
-                Loop._serve = serve
+                Loop.serve = serve
                 if bench.cuda:
                     torch.cuda.set_sync_debug_mode(0)
         for w in caught:

@@ -8,21 +8,22 @@ from typing import Sequence
 
 import torch
 
+from workers.accounting.work import Work
 from workers.candidates import PromptInput
-from workers.pool.decoder import Key, Seq
+from workers.pool.decoder import Key, Seq, StepOutput
 
 
 class ReplayDecoder:
     """`streams[(prompt_id, cand)]`: the whole token list of each candidate (its EOS or its limit included). A
     started candidate holds its first token (as the hf engine's prefill samples it); each step adds the next; a
     candidate ends when its stream does. `space`: the pool's KV space, of `bytes_per_token` a token; `width`: most
-sequences a step runs. Counts one
+sequences a step runs. Records one
     target forward per prompt and step, and its prompt's tokens at the start and a token per running sequence and
-    step."""
+    step, in the output of its start or step."""
 
-    def __init__(self, n: int, streams: dict[tuple[str, int], list[int]], meter, bytes_per_token: int = 1,
+    def __init__(self, n: int, streams: dict[tuple[str, int], list[int]], bytes_per_token: int = 1,
                  space: int | None = None, width: int = 2**62):
-        self.n, self.streams, self.meter = n, streams, meter
+        self.n, self.streams = n, streams
         self.kv_bytes_per_token, self.space = bytes_per_token, space
         self.width, self.joins = width, True
         self.prompts: dict[int, PromptInput] = {}
@@ -43,28 +44,32 @@ sequences a step runs. Counts one
     def waiting_bytes(self) -> int:
         return 0
 
-    def start(self, groups: list[int], prompts: list[PromptInput]) -> None:
+    def start(self, groups: list[int], prompts: list[PromptInput]) -> StepOutput:
+        work = Work()
         self.prompts.update(zip(groups, prompts))
         for g, p in zip(groups, prompts):
             keys = [(g, c) for c in range(self.n)]
             for k in keys:
                 self.live[k] = self.stream(k)[:1]
-            self.meter.count_forward("target", torch.tensor([g]), torch.tensor([len(p.ids) + self.n]))
+            work.forward("target", torch.tensor([g]), torch.tensor([len(p.ids) + self.n]))
         self._end()
+        return StepOutput(self._finished(), work)
 
     def _end(self) -> None:
         for k in [k for k, t in self.live.items() if len(t) == len(self.stream(k))]:
             self.done.append(Seq(k, self.live.pop(k), None))
 
-    def step(self) -> None:
+    def step(self) -> StepOutput:
+        work = Work()
         keys = sorted(self.live)
         for k in keys:
             self.live[k] = self.stream(k)[: len(self.live[k]) + 1]
         if keys:
-            self.meter.count_forward("target", torch.tensor([g for g, _ in keys]), torch.ones(len(keys)))
+            work.forward("target", torch.tensor([g for g, _ in keys]), torch.ones(len(keys)))
         self._end()
+        return StepOutput(self._finished(), work)
 
-    def finished(self) -> list[Seq]:
+    def _finished(self) -> list[Seq]:
         out, self.done = sorted(self.done), []
         return out
 
@@ -77,10 +82,11 @@ sequences a step runs. Counts one
             out.setdefault(g, []).append(len(t))
         return out
 
-    def drop(self, keys: Sequence[Key]) -> None:
+    def drop(self, keys: Sequence[Key]) -> Work:
         for k in keys:
             del self.live[k]
             self.dropped.append(k)
+        return Work()
 
     def kv_space(self) -> int | None:
         return self.space
@@ -99,8 +105,8 @@ sequences a step runs. Counts one
 
 
 class ScriptedScorer:
-    """A reward of the tests (`workers.scoring.protocol.Scorer`) from a function `fn(items, meter) -> floats`: no
-    model, no reward tokens, every call scored afresh."""
+    """A reward of the tests (`workers.scoring.protocol.Scorer`) from a function `fn(items, meter) -> floats` (its
+    meter None: it runs no model, no reward tokens), every call scored afresh."""
 
     cuts_inputs = False
     session_kv_bytes_per_token = 0
@@ -108,10 +114,12 @@ class ScriptedScorer:
     def __init__(self, fn):
         self.fn = fn
 
-    def __call__(self, items, meter):
-        return self.fn(items, meter)
+    def __call__(self, items):
+        from workers.scoring.protocol import Scores
 
-    def session(self, meter):
+        return Scores(self.fn(items, None), Work())
+
+    def session(self):
         from workers.scoring.scorers import Rescoring
 
-        return Rescoring(lambda items: self(items, meter))
+        return Rescoring(self)

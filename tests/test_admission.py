@@ -35,7 +35,7 @@ def test_a_prompt_joining_a_decoding_batch_gets_its_own_logits(shared, monkeypat
     order = sorted(range(4), key=lambda i: len(prompts[i].ids))
     first, later = [prompts[order[1]]], [prompts[order[0]], prompts[order[3]]]
     prompts = first + later
-    engine = TargetSampler(runner.engine.target, runner.pad_id, runner.eos_ids, Warp(1.0), 0, Meter(3))
+    engine, meter = TargetSampler(runner.engine.target, runner.pad_id, runner.eos_ids, Warp(1.0), 0), Meter(3)
     with torch.inference_mode():
         batch = engine.prefill([p.ids for p in first], 3, [p.rng_key for p in first], [30])
         for _ in range(5):
@@ -48,10 +48,11 @@ def test_a_prompt_joining_a_decoding_batch_gets_its_own_logits(shared, monkeypat
             batch.mask = torch.cat([batch.mask, batch.mask.new_ones(batch.size, 1)], 1)
             logits = forward(runner.engine.target, "target", batch.pending[:, None], batch.mask, batch.cache,
                              batch.group,
-                             engine.meter)[:, -1]
+                             engine.work)[:, -1]
             engine._sample_into(batch, logits)
         _check_logits(runner, prompts, batch, logits)
-    assert engine.meter.tokens["target"].tolist()[1] >= len(later[0].ids)  # prefill counted to the right prompt
+    meter.charge(engine.take_work())  # what the sampler ran, as its decoder hands it up
+    assert meter.tokens["target"].tolist()[1] >= len(later[0].ids)  # prefill counted to the right prompt
 
 
 def comparable(rows: list[dict]) -> list:

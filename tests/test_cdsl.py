@@ -133,7 +133,7 @@ def compare_with_reference(a_t, r_t, b, draft_is_target=False, count=4, limit=16
     batched_reward, refs = scripted(wanted)
     # run_cdsl itself, so that thresholds outside the config's range can force a state
     ctx = toy_context(target, draft, {}, batched_reward, num_prompts=count)
-    results = run_cdsl(ctx, prompts, d, k, a_t, r_t, b, "hard")
+    results, _ = run_cdsl(ctx, prompts, d, k, a_t, r_t, b, "hard")
     total = [0, 0, 0, 0]
     for p, res, ref_r in zip(prompts, results, refs):
         tokens, counts = reference_cdsl(target, draft, p.ids, limit, d, k, a_t, r_t, b, ref_r)

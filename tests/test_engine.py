@@ -98,8 +98,7 @@ def test_speculative_rejection_cuts_the_lowest_alpha_fraction(items):
 def test_sequence_selection_keeps_the_cache_exact(items):
     runner = trio()
     prompts = trio_prompts(items[:3])
-    meter = Meter(len(prompts))
-    engine = TargetSampler(runner.engine.target, runner.pad_id, runner.eos_ids, Warp(1.0), 0, meter)
+    engine = TargetSampler(runner.engine.target, runner.pad_id, runner.eos_ids, Warp(1.0), 0)
     with torch.inference_mode():
         state = engine.prefill([p.ids for p in prompts], 4, [p.rng_key for p in prompts], [40] * 3)
         for _ in range(5):
@@ -108,7 +107,7 @@ def test_sequence_selection_keeps_the_cache_exact(items):
         state.select(keep)
         state.mask = torch.cat([state.mask, state.mask.new_ones(state.size, 1)], 1)
         got = forward(runner.engine.target, "target", state.pending[:, None], state.mask, state.cache, state.group,
-                      meter)
+                      engine.work)
         for r in range(state.size):
             seq = prompts[int(state.group[r])].ids + state.tokens[r, : int(state.length[r])].tolist()
             ref = runner.engine.target(torch.tensor([seq])).logits[0, -1].float()

@@ -56,13 +56,12 @@ def test_best_of_n_on_cuda_matches_generate_greedy_and_shares_the_prompt(dtype):
 
 
 def test_the_kv_cache_grows_on_the_device():
-    from workers.accounting.cost import Meter
     from workers.decoding.target import TargetSampler
     from workers.decoding.sampling import Warp
 
     runner = _runner("bfloat16")
     prompts = trio_prompts(demo_items(2))
-    engine = TargetSampler(runner.engine.target, runner.pad_id, runner.eos_ids, Warp(1.0), 0, Meter(2))
+    engine = TargetSampler(runner.engine.target, runner.pad_id, runner.eos_ids, Warp(1.0), 0)
     with torch.inference_mode():
         batch = engine.prefill([p.ids for p in prompts], 8, [p.rng_key for p in prompts], [16, 16])
         for _ in range(8):

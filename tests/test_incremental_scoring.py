@@ -1,4 +1,4 @@
-"""Incremental reward scoring (workers.scoring.reward_model.CachedScoring): a session keeps each candidate's
+"""Incremental reward scoring (workers.scoring.reward_session.CachedScoring): a session keeps each candidate's
 reward-model cache
 between calls and feeds only what it does not hold, with the scores of whole scoring from scratch."""
 
@@ -12,11 +12,12 @@ from dataclasses import replace
 import pytest
 import torch
 
+from tests.metered import MeteredSession, run_method, scored
 from tests.trio_helpers import demo_items, params_of, trio, trio_context, trio_prompts
 from workers.accounting.cost import Meter
-from workers.methods import run_method
 from workers.scoring.items import Scored
-from workers.scoring.reward_model import CachedScoring, RewardModelScorer
+from workers.scoring.reward_model import RewardModelScorer
+from workers.scoring.reward_session import CachedScoring
 from workers.scoring.scorers import Rescoring
 
 # Most reward models' templates render the prompt first, as the bundled one does (PROMPT_FIRST spells out one like
@@ -36,14 +37,15 @@ GLUED = ["s", "d", "m", "ly"]  # appended without a space: WordPiece re-splits t
 PROMPTS = ["Write a sentence using these concepts: dog, field.", "Write about a cat.", "Describe a student."]
 
 
-def scorer_with(template: str | None = None, batch_tokens: int | None = 8192) -> RewardModelScorer:
-    """The bundled reward model with its own template, or `template`."""
+def scorer_with(template: str | None = None, batch_tokens: int | None = 8192,
+                share_prompts: bool | None = None) -> RewardModelScorer:
+    """The bundled reward model with its own template, or `template` (`share_prompts`: its sessions' switch)."""
     base = trio().reward
     tok = base.tok
     if template is not None:
         tok = copy.deepcopy(tok)
         tok.chat_template = template
-    return RewardModelScorer(base.model, tok, batch_tokens)
+    return RewardModelScorer(base.model, tok, batch_tokens, share_prompts=share_prompts)
 
 
 def whole_scorer(scorer: RewardModelScorer) -> RewardModelScorer:
@@ -61,7 +63,7 @@ def close(got, want):
 def test_the_bundled_reward_model_scores_incrementally():
     bundled = trio().reward
     assert bundled.shares_prefix and bundled.incremental
-    assert isinstance(bundled.session(Meter(1)), CachedScoring)
+    assert isinstance(bundled.session(), CachedScoring)
     assert bundled.kv_bytes_per_token == 2 * 3 * 4 * 24 * 4  # measured on the probe's cache: 2 x layers x heads x dim
 
 
@@ -77,17 +79,16 @@ def test_incremental_scores_equal_whole_scores_over_rounds(template, batch_token
     word); some finish and leave after their last score, some are rejected; one is rewritten so that its encoding
     does not extend the cached one; a prompt with a single candidate has no shared prefix. Every call's scores equal
     whole scoring from scratch, the session holds exactly the candidates still running, and it feeds fewer tokens.
-    `share`: every prompt's prefix is held once for its candidates (`CachedScoring.share_prompts`; by default only
+    `share`: every prompt's prefix is held once for its candidates (`CachedScoring`'s share_prompts; by default only
     where the copies would be worth it), and the rewritten candidate's encoding changes inside it."""
-    monkeypatch.setattr(CachedScoring, "share_prompts", True if share else None)
     rng = random.Random(0)
-    scorer = scorer_with(template, batch_tokens)
+    scorer = scorer_with(template, batch_tokens, share_prompts=True if share else None)
     if max_len is not None:
         scorer.max_len = max_len
     ref = whole_scorer(scorer)
     texts = {(g, c): rng.choice(WORDS) for g in range(len(PROMPTS)) for c in range(5 if g < 2 else 1)}
     meter, whole_meter = Meter(len(PROMPTS)), Meter(len(PROMPTS))
-    session = scorer.session(meter)
+    session = MeteredSession(scorer.session(), meter)
     running = set(texts)
     for rnd in range(6):
         for key in sorted(running):
@@ -99,7 +100,7 @@ def test_incremental_scores_equal_whole_scores_over_rounds(template, batch_token
         final = [rng.random() < 0.15 for _ in keys]
         items = [Scored(g, [{"role": "user", "content": PROMPTS[g]}], texts[(g, c)], [1], [2]) for g, c in keys]
         got = session.score(keys, items, final)
-        assert close(got, ref(items, whole_meter)), (rnd, got)
+        assert close(got, scored(ref, items, whole_meter)), (rnd, got)
         rejected = {k for k, f in zip(keys, final) if not f and rng.random() < 0.2}
         finished = {k for k, f in zip(keys, final) if f}
         session.release(sorted(rejected))  # the finished ones were marked final: they leave with this release
@@ -113,14 +114,14 @@ def test_an_encoding_that_does_not_extend_the_cached_one_is_fed_from_the_common_
     scorer = scorer_with(PROMPT_FIRST)
     ref = whole_scorer(scorer)
     prompt = [{"role": "user", "content": PROMPTS[0]}]
-    session = scorer.session(Meter(1))
+    session = MeteredSession(scorer.session(), Meter(1))
     first = Scored(0, prompt, "the dog repair the field .", [1], [2])
     session.score(["k"], [first])
     for text in ["the cat", "the cat", "the cats", "a student"]:  # shorter, unchanged, re-split, all different
         item = Scored(0, prompt, text, [1], [2])
         before = int(session.meter.tokens["reward"].sum())
-        held = list(session.parts[0].ids[0])
-        assert close(session.score(["k"], [item]), ref([item], Meter(1)))
+        held = list(session.store.parts[0].ids[0])
+        assert close(session.score(["k"], [item]), scored(ref, [item], Meter(1)))
         new = scorer.encode(item)
         common = len(os.path.commonprefix([held, new]))
         fed = int(session.meter.tokens["reward"].sum()) - before
@@ -132,7 +133,7 @@ def test_candidates_that_share_leading_tokens_feed_them_once():
     for four of them, 'repair' for three, 'the field .' for two identical ones, each candidate's last token (the
     one the head reads) in its own row. Tokens fed beyond the prompt: one per distinct leading run of tokens that
     is not a whole encoding, plus one per candidate; the scores are whole scoring's, also at the next call."""
-    from workers.scoring.reward_model import branch_tree
+    from workers.scoring.reward_session import branch_tree
 
     scorer = scorer_with(PROMPT_FIRST)
     ref = whole_scorer(scorer)
@@ -146,14 +147,14 @@ def test_candidates_that_share_leading_tokens_feed_them_once():
     assert [len(encoded[b.item][b.start:b.end]) for b in branches][:1] == [2]  # 'the dog', then deeper branches
     assert max(b.level for b in branches) == 3 and below[3] == -1 and below[0] == below[4] != below[1]
     meter = Meter(1)
-    session = scorer.session(meter)
-    assert close(session.score(list("abcde"), items), ref(items, Meter(1)))
+    session = MeteredSession(scorer.session(), meter)
+    assert close(session.score(list("abcde"), items), scored(ref, items, Meter(1)))
     distinct = {tuple(e[:k]) for e in encoded for k in range(shared + 1, len(e))}
     head = len(scorer.template_head)  # encoded by the scorer, charged to no prompt
     # the two identical candidates are one input: fed once, the second a copy of the first's row
     assert int(meter.tokens["reward"].sum()) == shared - head + len(distinct) + len({tuple(e) for e in encoded})
     grown = [Scored(0, prompt, t + " a cat", [1], [2]) for t in texts]
-    assert close(session.score(list("abcde"), grown), ref(grown, Meter(1)))
+    assert close(session.score(list("abcde"), grown), scored(ref, grown, Meter(1)))
 
 
 def test_the_templates_head_is_encoded_once_by_the_scorer():
@@ -173,8 +174,8 @@ def test_the_templates_head_is_encoded_once_by_the_scorer():
     encoded = [scorer.encode(it) for it in items]
     assert encoded[3][: len(head)] != head
     meter = Meter(3)
-    session = scorer.session(meter)
-    assert close(session.score([0, 1, 2, 3], items), ref(items, Meter(3)))
+    session = MeteredSession(scorer.session(), meter)
+    assert close(session.score([0, 1, 2, 3], items), scored(ref, items, Meter(3)))
     shared = len(os.path.commonprefix(encoded[:2]))
     want = (shared - len(head)) + sum(len(e) - shared for e in encoded[:2])  # prompt 0
     want += len(encoded[2]) - len(head) + len(encoded[3])  # prompt 1 from the head, the system turn whole
@@ -195,7 +196,7 @@ def test_the_prompts_of_a_call_are_seeded_in_one_forward(monkeypatch):
     monkeypatch.setattr(CachedScoring, "_forward", lambda self, p, enc, out, counts=None: (
         sizes.append(p.size), forward(self, p, enc, out, counts))[1])
     meter = Meter(3)
-    assert close(scorer.session(meter).score(list(range(6)), items), ref(items, Meter(3)))
+    assert close(MeteredSession(scorer.session(), meter).score(list(range(6)), items), scored(ref, items, Meter(3)))
     assert sizes[0] == 3 and 3 not in sizes[1:]  # the seeds: one row per prompt, one forward
     encoded = [scorer.encode(it) for it in items]
     head = len(scorer.template_head)
@@ -218,8 +219,8 @@ def test_a_bidirectional_reward_model_scores_whole():
     scorer = RewardModelScorer(bert, tok, 8192)
     assert not scorer.shares_prefix and not scorer.incremental
     meter = Meter(1)
-    session = scorer.session(meter)
-    assert isinstance(session, Rescoring)
+    session = MeteredSession(scorer.session(), meter)
+    assert isinstance(session.session, Rescoring)
     prompt = [{"role": "user", "content": PROMPTS[0]}]
     texts = ["the dog", "the cat"]
     for _ in range(2):
@@ -321,7 +322,9 @@ def test_short_memory_splits_batches_and_keeps_caches_within_their_share_without
     """With no free memory no cache is kept: every call scores from the prompts (each forward one row).
     With free memory for a few candidates' caches, the caches kept stay within a quarter of it and of the session's
     own bytes, during a call as at a release: the others start from their prompt again. The scores never change."""
+    import workers.scoring.reward_cache as caches
     import workers.scoring.reward_model as rewards
+    import workers.scoring.reward_session as sessions
 
     scorer = scorer_with(PROMPT_FIRST)
     ref = whole_scorer(scorer)
@@ -332,29 +335,31 @@ def test_short_memory_splits_batches_and_keeps_caches_within_their_share_without
             texts = {k: t + " a field ." if k[1] % 2 else t + " a cat" for k, t in texts.items()}
             keys = sorted(texts)
             items = [Scored(g, [{"role": "user", "content": PROMPTS[g]}], texts[(g, c)], [1], [2]) for g, c in keys]
-            assert close(session.score(keys, items), ref(items, Meter(2)))
+            assert close(session.score(keys, items), scored(ref, items, Meter(2)))
             after_call(session.cache_bytes())
             held = session.cache_bytes()
             session.release([])
             after_call(held)
 
-    roomy = scorer.session(Meter(2))
+    roomy = MeteredSession(scorer.session(), Meter(2))
     roomy.score([0], [Scored(0, [{"role": "user", "content": PROMPTS[0]}], "the dog a cat", [1], [2])])
     row = roomy.cache_bytes()
-    monkeypatch.setattr(rewards, "device_free_bytes", lambda device: 0)
-    session = scorer.session(Meter(2))
+    for module in (rewards, sessions):  # the whole scorer's batches and the session's caches
+        monkeypatch.setattr(module, "device_free_bytes", lambda device: 0)
+    session = MeteredSession(scorer.session(), Meter(2))
 
     def nothing_kept(_):
-        assert all(p.size == 1 for p in session.parts) and session.held() == []
+        assert all(p.size == 1 for p in session.store.parts) and session.held() == []
 
     rounds(session, nothing_kept)
     free = 12 * row
-    monkeypatch.setattr(rewards, "device_free_bytes", lambda device: free)
-    session = scorer.session(Meter(2))
+    for module in (rewards, sessions):
+        monkeypatch.setattr(module, "device_free_bytes", lambda device: free)
+    session = MeteredSession(scorer.session(), Meter(2))
 
     def within_share(held):  # after a call (without its bound every candidate would be kept), then a release
         assert 0 < len(session.held()) < 8
-        assert session.cache_bytes() <= (free + held) * rewards.CACHE_MEMORY_FRACTION
+        assert session.cache_bytes() <= (free + held) * caches.CACHE_MEMORY_FRACTION
 
     rounds(session, within_share)
 
@@ -365,24 +370,24 @@ def test_a_call_for_some_prompts_feeds_only_their_rows():
     scorer = scorer_with(PROMPT_FIRST)
     ref = whole_scorer(scorer)
     meter = Meter(2)
-    session = scorer.session(meter)
+    session = MeteredSession(scorer.session(), meter)
     texts = {(g, c): ["the dog", "a cat", "the field"][c] for g in range(2) for c in range(3)}
 
     def call(keys):
         items = [Scored(g, [{"role": "user", "content": PROMPTS[g]}], texts[(g, c)], [1], [2]) for g, c in keys]
-        assert close(session.score(keys, items), ref(items, Meter(2)))
+        assert close(session.score(keys, items), scored(ref, items, Meter(2)))
 
     call(sorted(texts))
-    assert len(session.parts) == 1
-    held = {k: list(ids) for p in session.parts for k, ids in zip(p.keys, p.ids)}
-    width = session.parts[0].width
+    assert len(session.store.parts) == 1
+    held = {k: list(ids) for p in session.store.parts for k, ids in zip(p.keys, p.ids)}
+    width = session.store.parts[0].width
     for _ in range(3):
         for c in range(3):
             texts[(0, c)] += " a field ."
         before = meter.tokens["reward"].clone()
         call([(0, c) for c in range(3)])
         assert int(meter.tokens["reward"][1]) == int(before[1])  # the other prompt fed nothing
-        other = [p for p in session.parts if p.keys[0][0] == 1]
+        other = [p for p in session.store.parts if p.keys[0][0] == 1]
         assert len(other) == 1 and sorted(other[0].keys) == [(1, c) for c in range(3)]
         assert [held[k] for k in other[0].keys] == other[0].ids and other[0].width == width  # no column added
     texts[(1, 0)] += " cat"
@@ -391,7 +396,7 @@ def test_a_call_for_some_prompts_feeds_only_their_rows():
 
 def test_one_input_one_score_whatever_cache_scored_it():
     scorer = scorer_with(PROMPT_FIRST)
-    session = scorer.session(Meter(1))
+    session = MeteredSession(scorer.session(), Meter(1))
     prompt = [{"role": "user", "content": PROMPTS[0]}]
 
     def item(text):
@@ -402,7 +407,8 @@ def test_one_input_one_score_whatever_cache_scored_it():
     session.score(["a"], [item("the dog ran")])
     got = session.score(["a", "b", "c"], [item("the dog ran into the field")] * 2 + [item("a cat")])
     assert got[0] == got[1]  # exactly: a rejection cut keeps ties together
-    assert close(got, whole_scorer(scorer)([item("the dog ran into the field")] * 2 + [item("a cat")], Meter(1)))
+    assert close(got, scored(whole_scorer(scorer), [item("the dog ran into the field")] * 2 + [item("a cat")],
+                             Meter(1)))
 
 
 def test_a_long_prompt_is_held_once_for_its_candidates():
@@ -421,23 +427,23 @@ def test_a_long_prompt_is_held_once_for_its_candidates():
     prompt_tokens = len(os.path.commonprefix([scorer.encode(it) for it in items]))
     assert prompt_tokens >= 90
     meter = Meter(1)
-    session = scorer.session(meter)
-    assert close(session.score(list(range(32)), items), ref(items, Meter(1)))
-    assert len(session.prefixes) == 1 and len(next(iter(session.prefixes.values())).ids) == prompt_tokens
-    assert all(p.width < 12 for p in session.parts)  # the candidates' own columns only
+    session = MeteredSession(scorer.session(), meter)
+    assert close(session.score(list(range(32)), items), scored(ref, items, Meter(1)))
+    assert len(session.store.prefixes) == 1 and len(next(iter(session.store.prefixes.values())).ids) == prompt_tokens
+    assert all(p.width < 12 for p in session.store.parts)  # the candidates' own columns only
     fed = int(meter.tokens["reward"].sum())
     # candidate 0 comes back without its cache, candidate 1 grown: neither feeds the prompt again
-    session.parts = [p.take([r for r, k in enumerate(p.keys) if k != 0]) for p in session.parts]
+    session.store.parts = [p.take([r for r, k in enumerate(p.keys) if k != 0]) for p in session.store.parts]
     grown = [Scored(0, long_prompt, texts[0] + " a cat", [1], [2]), Scored(0, long_prompt, texts[1] + " .", [1], [2])]
-    assert close(session.score([0, 1], grown), ref(grown, Meter(1)))
+    assert close(session.score([0, 1], grown), scored(ref, grown, Meter(1)))
     enc0, enc1 = scorer.encode(grown[0]), scorer.encode(grown[1])
     assert int(meter.tokens["reward"].sum()) - fed == (len(enc0) - prompt_tokens) + (
         len(enc1) - len(os.path.commonprefix([enc1, scorer.encode(items[1])])))
     session.release(list(range(32)))
-    assert not session.prefixes and not session.parts
+    assert not session.store.prefixes and not session.store.parts
     short = [Scored(0, [{"role": "user", "content": PROMPTS[0]}], t, [1], [2]) for t in texts]
     session.score(list(range(32)), short)
-    assert not session.prefixes
+    assert not session.store.prefixes
 
 
 def test_held_and_fresh_rows_of_a_call_share_a_forward(monkeypatch):
@@ -452,18 +458,18 @@ def test_held_and_fresh_rows_of_a_call_share_a_forward(monkeypatch):
         sizes.append(p.size), forward(self, p, enc, out, counts))[1])
     prompts = [[{"role": "user", "content": PROMPTS[g]}] for g in range(2)]
     first = [Scored(0, prompts[0], t, [1], [2]) for t in ("the dog", "a cat", "the field", "a student")]
-    session = scorer.session(Meter(2))
-    assert close(session.score([0, 1, 2, 3], first), ref(first, Meter(2)))
+    session = MeteredSession(scorer.session(), Meter(2))
+    assert close(session.score([0, 1, 2, 3], first), scored(ref, first, Meter(2)))
     sizes.clear()
     grown = [Scored(0, prompts[0], it.text + " quietly .", [1], [2]) for it in first]
     new = [Scored(1, prompts[1], t, [1], [2]) for t in ("the cat", "a dog .", "repair the field")]
     items = grown + new
-    assert close(session.score(list(range(7)), items), ref(items, Meter(2)))
+    assert close(session.score(list(range(7)), items), scored(ref, items, Meter(2)))
     assert sizes[-1] == 7 and 4 not in sizes  # the held rows went with the fresh ones' last forward
     assert sorted(session.held()) == list(range(7))
     sizes.clear()
     again = [Scored(it.group, it.prompt, it.text + " a", [1], [2]) for it in items]
-    assert close(session.score(list(range(7)), again), ref(again, Meter(2)))
+    assert close(session.score(list(range(7)), again), scored(ref, again, Meter(2)))
     assert sizes == [7]  # held only: one forward
 
 
@@ -483,22 +489,22 @@ def test_candidates_alike_are_fed_once_and_go_on_apart():
 
     first = items(["the dog", "the dog", "a cat", "the dog"])
     meter, alone = Meter(1), Meter(1)
-    session = scorer.session(meter)
+    session = MeteredSession(scorer.session(), meter)
     got = session.score(list("abcd"), first)
-    assert close(got, ref(first, Meter(1))) and got[0] == got[1] == got[3]
-    scorer.session(alone).score(["a", "c"], [first[0], first[2]])
+    assert close(got, scored(ref, first, Meter(1))) and got[0] == got[1] == got[3]
+    MeteredSession(scorer.session(), alone).score(["a", "c"], [first[0], first[2]])
     assert fed(meter) == fed(alone)
     assert sorted(session.held()) == list("abcd")
     whole, whole_alone = Meter(1), Meter(1)
-    ref(first, whole)
-    ref([first[0], first[2]], whole_alone)
+    scored(ref, first, whole)
+    scored(ref, [first[0], first[2]], whole_alone)
     assert fed(whole) == fed(whole_alone)
 
     # a and b grew alike (held twins: fed once), d apart; c is final and leaves at the next release
     before = fed(meter)
     grown = items(["the dog repair", "the dog repair", "a cat .", "the dog quietly"])
     got = session.score(list("abcd"), grown, final=[False, False, True, False])
-    assert close(got, ref(grown, Meter(1))) and got[0] == got[1]
+    assert close(got, scored(ref, grown, Meter(1))) and got[0] == got[1]
     old = [scorer.encode(it) for it in first]
     new = [scorer.encode(it) for it in grown]
     assert fed(meter) - before == sum(len(new[i]) - len(os.path.commonprefix([old[i], new[i]])) for i in (0, 2, 3))
@@ -507,10 +513,10 @@ def test_candidates_alike_are_fed_once_and_go_on_apart():
 
     # twins go on apart, each from its own copy; a final twin is scored and not kept
     apart = items(["the dog repair the field", "the dog repair a cat", "the dog quietly"])
-    assert close(session.score(list("abd"), apart), ref(apart, Meter(1)))
+    assert close(session.score(list("abd"), apart), scored(ref, apart, Meter(1)))
     last = items(["the dog repair the field .", "the dog repair the field .", "the dog quietly"])
     got = session.score(list("abd"), last, final=[False, True, False])
-    assert close(got, ref(last, Meter(1))) and got[0] == got[1]
+    assert close(got, scored(ref, last, Meter(1))) and got[0] == got[1]
     session.release([])
     assert sorted(session.held()) == list("ad")
 
@@ -521,11 +527,14 @@ def test_a_session_without_a_cache_scores_candidates_alike_once():
     calls: list[list[str]] = []
 
     def score(items):
+        from workers.accounting.work import Work
+        from workers.scoring.protocol import Scores
+
         calls.append([it.text for it in items])
-        return [float(len(it.text) + 10 * it.group) for it in items]
+        return Scores([float(len(it.text) + 10 * it.group) for it in items], Work())
 
     prompt = [{"role": "user", "content": PROMPTS[0]}]
     items = [Scored(0, prompt, "a", [], [1]), Scored(0, prompt, "a", [], [1]), Scored(1, prompt, "a", [], [1]),
              Scored(0, prompt, "a b", [], [1, 2])]
-    assert Rescoring(score).score(list(range(4)), items) == [1.0, 1.0, 11.0, 3.0]
+    assert Rescoring(score).score(list(range(4)), items).values == [1.0, 1.0, 11.0, 3.0]
     assert calls == [["a", "a", "a b"]]

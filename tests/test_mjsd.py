@@ -10,7 +10,7 @@ import torch
 from tests.test_speculative import (  # noqa: F401  (one_thread is an autouse fixture)
     EOS, PAD, greedy_reference, one_thread, pair, run, toy_context, toy_prompts,
 )
-from workers.accounting.cost import Meter
+from workers.accounting.work import Work
 from workers.methods.mjsd import beam_draft, likelihood_warp, mjsd_accept
 from workers.decoding.sampling import Warp, warp_probs
 from workers.decoding.speculative import DecodeTally, open_batch
@@ -56,12 +56,12 @@ def test_q_is_the_joint_draft_probability_of_the_chosen_beams_prefix():
     gamma, m = 4, 3
     warp = Warp(temperature=0.0)
     with torch.inference_mode():
-        meter, tally = Meter(6), DecodeTally(6)
-        batch = open_batch(target, draft, [p.ids for p in prompts], [p.rng_key for p in prompts], [20] * 6, PAD, meter,
+        work, tally = Work(), DecodeTally(6)
+        batch = open_batch(target, draft, [p.ids for p in prompts], [p.rng_key for p in prompts], [20] * 6, PAD, work,
                            tally)
         _, d = batch.sides(target, draft)
         gam = torch.full((6,), gamma)
-        x, logq = beam_draft(d, batch, gam, m, warp, 0, torch.tensor([EOS]), meter, tally)
+        x, logq = beam_draft(d, batch, gam, m, warp, 0, torch.tensor([EOS]), work, tally)
         assert d.size == 6  # the draft side is back to one sequence per prompt, on the chosen beams
     any_reordered = False
     lik = likelihood_warp(warp)

@@ -4,17 +4,19 @@ tokens (tests/test_vllm.py holds the same check for the vllm engine's decoder)."
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from schemas.methods import Sampling
+from tests.metered import MeteredContext, decode
 from tests.replay_decoder import ReplayDecoder, ScriptedScorer
 from tests.trio_helpers import demo_items, params_of, run_trio, trio_context, trio_prompts
 from workers.accounting.cost import Meter
 from workers.candidates import PromptInput
-from workers.context import Context
 from workers.decoding.kvcache import model_kv_bytes
-from workers.pool.pool import Pool, decode
+from workers.pool.pool import Pool
 from workers.pool.schedules import MemorySchedule
 
 EOS = 0
@@ -25,13 +27,14 @@ class Tokenizer:
         return " ".join(str(t) for t in tokens if t != EOS)
 
 
-def scripted_context(meter: Meter) -> Context:
+def scripted_context(meter: Meter) -> MeteredContext:
     """A context whose reward is the mean of a response's tokens (a python-like reward: no reward tokens)."""
 
     def reward(items, _meter):
         return [float(sum(it.response_ids)) / max(1, len(it.response_ids)) for it in items]
 
-    return Context(Tokenizer(), [EOS], EOS, ScriptedScorer(reward), meter, Sampling(1.0, 1.0, 0, "target", 4), 0)
+    return MeteredContext(Tokenizer(), [EOS], EOS, ScriptedScorer(reward), Sampling(1.0, 1.0, 0, "target", 4), 0,
+                          meter=meter)
 
 
 def prompt(i: int) -> PromptInput:
@@ -46,7 +49,7 @@ STREAMS = {(f"p{i}", c): ([c + 1] * 5 + [EOS] if c == 2 else [c + 1] * 2 + [EOS]
 def test_fixed_schedule_cuts_the_lowest_alpha_fraction_and_answers_with_the_best_finished():
     meter = Meter(2)
     sr = params_of({"name": "speculative_rejection", "n": 6, "alpha": 0.5, "schedule": "fixed", "every_k_tokens": 4})
-    decoder = ReplayDecoder(6, STREAMS, meter)
+    decoder = ReplayDecoder(6, STREAMS)
     results = decode(Pool.for_method(scripted_context(meter), decoder, sr), [prompt(0), prompt(1)])
     for res in results:
         # at 4 tokens candidate 5 has ended (reward (6 + 6 + 0) / 3 = 4.0): R_partial = {1, 2, 3, 4, 5 (running),
@@ -72,7 +75,7 @@ def test_memory_schedule_decides_when_a_prompts_kv_would_pass_its_space_and_wait
     # responses of t tokens hold 3 + 6 (t + 1) after the next token, which passes 67 at t = 10
     streams = {("p0", c): [1] * 20 for c in range(6)}  # equal partial rewards: a cut keeps every tie
     schedule = MemorySchedule(2, 1, 10**6)
-    pool = Pool(scripted_context(meter), ReplayDecoder(6, streams, meter), 6, 0.5, schedule)
+    pool = Pool(scripted_context(meter), ReplayDecoder(6, streams), 6, 0.5, schedule)
     (res,) = decode(pool, [prompt(0)])
     assert res.stats["decision_tokens"] == [10]  # once, not at every step after: the round rejected nobody
     assert res.stats["kv_space_bytes"] == 67 and all(c.finish_reason == "length" for c in res.candidates)
@@ -83,11 +86,11 @@ def test_memory_schedule_spaces_are_per_prompt_and_the_pool_space_bounds_how_man
     it does alone (a prompt's decisions depend on its own candidates only)."""
     def run(prompts, pool_space):
         meter = Meter(len(prompts))
-        decoder = ReplayDecoder(6, STREAMS, meter)
+        decoder = ReplayDecoder(6, STREAMS)
         pool = Pool(scripted_context(meter), decoder, 6, 0.5, MemorySchedule(2, 1, pool_space), space=pool_space)
         starts = []
         start = decoder.start
-        decoder.start = lambda groups, ps: (starts.append(list(groups)), start(groups, ps))
+        decoder.start = lambda groups, ps: (starts.append(list(groups)), start(groups, ps))[1]
         return decode(pool, prompts), starts
 
     alone = [run([prompt(i)], 10**6)[0][0] for i in range(2)]
@@ -109,11 +112,11 @@ def test_places_a_cut_frees_start_a_waiting_prompt_in_the_step_of_the_cut_and_it
 
     def run(prompts, width):
         meter = Meter(len(prompts))
-        decoder = ReplayDecoder(6, STREAMS, meter, width=width)
+        decoder = ReplayDecoder(6, STREAMS, width=width)
         steps, starts = [0], []
         step, start = decoder.step, decoder.start
-        decoder.step = lambda: (steps.__setitem__(0, steps[0] + 1), step())
-        decoder.start = lambda groups, ps: (starts.append((steps[0], list(groups))), start(groups, ps))
+        decoder.step = lambda: (steps.__setitem__(0, steps[0] + 1), step())[1]
+        decoder.start = lambda groups, ps: (starts.append((steps[0], list(groups))), start(groups, ps))[1]
         return decode(Pool.for_method(scripted_context(meter), decoder, sr), prompts), starts, meter
 
     (alone0,), _, _ = run([prompt(0)], 9)
@@ -132,12 +135,12 @@ def test_what_the_decoder_holds_for_prompts_not_started_counts_in_the_pools_spac
     one after the other (the first always starts), and each decides as alone."""
     def run(held):
         meter = Meter(2)
-        decoder = ReplayDecoder(6, STREAMS, meter)
+        decoder = ReplayDecoder(6, STREAMS)
         decoder.waiting_bytes = lambda: held
         pool = Pool(scripted_context(meter), decoder, 6, 0.5, MemorySchedule(2, 1, 10**6), space=10**6)
         starts = []
         start = decoder.start
-        decoder.start = lambda groups, ps: (starts.append(list(groups)), start(groups, ps))
+        decoder.start = lambda groups, ps: (starts.append(list(groups)), start(groups, ps))[1]
         return decode(pool, [prompt(0), prompt(1)]), starts
 
     (free, free_starts), (held, held_starts) = run(0), run(10**6 - 100)
@@ -150,13 +153,13 @@ def test_what_the_decoder_holds_for_prompts_not_started_counts_in_the_pools_spac
 def test_best_of_n_and_a_pool_of_one():
     meter = Meter(1)
     bon = params_of({"name": "best_of_n", "n": 6})
-    (res,) = decode(Pool.for_method(scripted_context(meter), ReplayDecoder(6, STREAMS, meter), bon), [prompt(0)])
+    (res,) = decode(Pool.for_method(scripted_context(meter), ReplayDecoder(6, STREAMS), bon), [prompt(0)])
     assert res.stats["rejection_rounds"] == 0 and [c.reward for c in res.candidates] == [1, 2, 2.5, 4, 5, 4]
     assert res.best_index == 4
     one = {("p0", 0): [9, 9, EOS]}
     greedy = params_of({"name": "greedy"})
-    ctx = Context(Tokenizer(), [EOS], EOS, None, meter, Sampling(0.0, 1.0, 0, "target", 4), 0)
-    (res,) = decode(Pool.for_method(ctx, ReplayDecoder(1, one, meter), greedy), [prompt(0)])
+    ctx = MeteredContext(Tokenizer(), [EOS], EOS, None, Sampling(0.0, 1.0, 0, "target", 4), 0, meter=meter)
+    (res,) = decode(Pool.for_method(ctx, ReplayDecoder(1, one), greedy), [prompt(0)])
     assert res.best_index == 0 and res.candidates[0].reward is None and res.candidates[0].text == "9 9"
 
 
@@ -173,7 +176,7 @@ def test_the_hf_decoder_and_a_replay_of_its_tokens_give_the_same_decisions_cuts_
     streams = {(p.prompt_id, c): cand.tokens for p, r in zip(prompts, bon) for c, cand in enumerate(r.candidates)}
     meter = Meter(len(prompts))
     ctx = trio_context(meter, gen)
-    decoder = ReplayDecoder(8, streams, meter, model_kv_bytes(ctx.target), 2**40)
+    decoder = ReplayDecoder(8, streams, model_kv_bytes(ctx.target), 2**40)
     with torch.inference_mode():
         replayed = decode(Pool.for_method(ctx, decoder, params_of(sr)), trio_prompts(items, 24))
     assert any(r.stats["rejection_rounds"] for r in real), "the schedule never decided: the test proves nothing"
@@ -217,9 +220,9 @@ def test_the_hf_decoder_prefills_waiting_prompts_ahead_in_one_forward_counted_as
         monkeypatch.setattr(TargetSampler, "encode", counted_encode)
         monkeypatch.setattr(HfDecoder, "step", counted_step)
         meter = Meter(len(prompts))
-        ctx = trio_context(meter, gen)
+        ctx = replace(trio_context(meter, gen), width=8)
         with torch.inference_mode():
-            results = decode(Pool.for_method(ctx, HfDecoder(ctx, 4, width=8), bon), prompts)
+            results = decode(Pool.for_method(ctx, HfDecoder(ctx, bon), bon), prompts)
         assert meter.steps.sum().item() == pytest.approx(calls["encode"] + calls["step"])
         assert meter.seq_steps.sum().item() == sum(len(c.tokens) - 1 for r in results for c in r.candidates) + \
             len(prompts)

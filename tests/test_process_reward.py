@@ -17,6 +17,7 @@ import assets
 from assets import smollm2
 from pipeline.preflight import model_spec_problems
 from stores.model_folders import PROCESS_REWARD
+from tests.metered import MeteredSession, scored
 from workers.accounting.cost import Meter
 from workers.actor.runner import Runner
 from workers.loading import load_process_reward_model
@@ -81,7 +82,7 @@ def oracle(prm, loaded):
 def test_each_step_is_scored_at_its_tag_as_the_sequence_head_scores_it_and_the_steps_aggregate(
         loaded, oracle, aggregate, label, of):
     meter = Meter(1)
-    got = scorer(loaded, aggregate=aggregate, label=label)(items(TEXTS), meter)
+    got = scored(scorer(loaded, aggregate=aggregate, label=label), items(TEXTS), meter)
     want = [of([p[label] for p in steps]) for steps in oracle]
     assert all(abs(a - b) <= 1e-5 for a, b in zip(got, want)) and len(got) == len(want), (got, want)
     assert len(set(round(x, 6) for x in got)) >= 3  # a random head, different texts: not trivially true
@@ -92,8 +93,8 @@ def test_a_one_label_head_gives_the_sigmoid_of_its_logit(tmp_path, loaded):
     one = smollm2.build_seeded_reward(tmp_path / "one", assets.builtin_path("tiny-reward"), seed=2, num_labels=1,
                                       step_tag=TAG)
     model = load_process_reward_model(str(one), "models.reward.path", torch.device("cpu"), "float32", False)
-    got = ProcessRewardScorer(model.model, model.tokenizer, Steps("\n\n", TAG, 0, "last"), 8192)(items(TEXTS[:1]),
-                                                                                               Meter(1))
+    got = scored(ProcessRewardScorer(model.model, model.tokenizer, Steps("\n\n", TAG, 0, "last"), 8192),
+                 items(TEXTS[:1]), Meter(1))
     ids = reward_input(model.tokenizer, items(TEXTS[:1])[0], Steps("\n\n", TAG, 0, "last").tagged(TEXTS[0]))
     last_tag = max(i for i, t in enumerate(ids) if t == model.tokenizer.convert_tokens_to_ids(TAG))
     with torch.inference_mode():  # the sequence head over the input cut after the last step's tag
@@ -136,8 +137,8 @@ def test_speculative_rejection_rejects_on_the_prms_partial_rewards(prm, loaded):
         assert all(0.0 <= p <= 1.0 for c in row["candidates"] for p in c["partial_rewards"])
         assert any(c["partial_rewards"] for c in row["candidates"])
         # the answer's reward is the PRM's score of its text, as a fresh scorer gives it
-        want = ProcessRewardScorer(loaded.model, loaded.tokenizer, rule, 8192)(
-            [Scored(0, item["prompt"], row["best_text"], [], [])], Meter(1))[0]
+        want = scored(ProcessRewardScorer(loaded.model, loaded.tokenizer, rule, 8192),
+                      [Scored(0, item["prompt"], row["best_text"], [], [])], Meter(1))[0]
         assert abs(row["best_reward"] - want) <= 1e-5
         assert row["cost"]["reward_tokens"] > 0
 
@@ -153,7 +154,7 @@ def test_a_session_feeds_only_what_is_new_and_scores_as_whole_scoring(loaded, ag
     rng = __import__("random").Random(0)
     texts = {(g, c): "" for g in range(2) for c in range(5)}
     session_meter, whole = Meter(2), Meter(2)
-    session = rule.session(session_meter)
+    session = MeteredSession(rule.session(), session_meter)
     for call in range(7):
         if call:
             for k in list(texts):
@@ -162,7 +163,7 @@ def test_a_session_feeds_only_what_is_new_and_scores_as_whole_scoring(loaded, ag
         keys = sorted(texts)
         final = [call == 6 or (call == 3 and k == (0, 4)) for k in keys]
         it = [Scored(g, [{"role": "user", "content": f"a story {g}"}], texts[(g, c)], [], []) for g, c in keys]
-        got, want = session.score(keys, it, final), rule(it, whole)
+        got, want = session.score(keys, it, final), scored(rule, it, whole)
         assert all(abs(a - b) <= 1e-6 for a, b in zip(got, want)), (call, got, want)
         session.release([k for k, f in zip(keys, final) if f])
         texts = {k: t for k, t, f in zip(keys, [texts[k] for k in keys], final) if not f}
@@ -191,8 +192,8 @@ def test_a_process_reward_counts_its_cut_inputs_and_its_rows_carry_the_count(prm
     """Issue 30: a PRM cuts an input longer than its context to its end and counts the cut, and its rows carry
     stats.reward_inputs_truncated (it was written for the plain reward model only)."""
     meter = Meter(2)
-    scorer(loaded)(items(["the dog ran home"]) + [Scored(1, PROMPT, " ".join(["the dog ran home"] * 80), [], [])],
-                   meter)
+    scored(scorer(loaded), items(["the dog ran home"]) + [Scored(1, PROMPT, " ".join(["the dog ran home"] * 80), [],
+                                                                      [])], meter)
     assert meter.reward_inputs_truncated.tolist() == [0, 1]
     rows = Runner(sr(prm)).run(demo_items(2))
     assert [r["stats"]["reward_inputs_truncated"] for r in rows] == [0, 0]

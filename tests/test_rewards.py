@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from lexical import concept_coverage, covered
+from tests.metered import scored
 from workers.accounting.cost import Meter
 from workers.scoring.items import Scored, token_budget_batches
 from workers.scoring.scorers import LexicalScorer, PythonScorer
@@ -37,9 +38,9 @@ def _item(text, concepts=None, group=0):
 
 def test_lexical_reward_scores_and_refuses_rows_without_concepts():
     r = LexicalScorer()
-    assert r([_item("a dog runs", ["dog", "run", "field"])], Meter(1)) == [pytest.approx(2 / 3)]
+    assert scored(r, [_item("a dog runs", ["dog", "run", "field"])], Meter(1)) == [pytest.approx(2 / 3)]
     with pytest.raises(ValueError, match="concepts"):
-        r([_item("a dog")], Meter(1))
+        scored(r, [_item("a dog")], Meter(1))
 
 
 def test_python_reward_imports_and_checks_its_function():
@@ -48,11 +49,11 @@ def test_python_reward_imports_and_checks_its_function():
     mod.short = lambda prompts, texts: [1.0]
     mod.nan = lambda prompts, texts: [float("nan")] * len(texts)
     sys.modules["winnow_test_reward"] = mod
-    assert PythonScorer("winnow_test_reward:length")([_item("abc"), _item("hello")], Meter(1)) == [3.0, 5.0]
+    assert scored(PythonScorer("winnow_test_reward:length"), [_item("abc"), _item("hello")], Meter(1)) == [3.0, 5.0]
     with pytest.raises(RuntimeError, match="returned 1 values for 2"):
-        PythonScorer("winnow_test_reward:short")([_item("a"), _item("b")], Meter(1))
+        scored(PythonScorer("winnow_test_reward:short"), [_item("a"), _item("b")], Meter(1))
     with pytest.raises(RuntimeError, match="non-finite"):
-        PythonScorer("winnow_test_reward:nan")([_item("a")], Meter(1))
+        scored(PythonScorer("winnow_test_reward:nan"), [_item("a")], Meter(1))
     with pytest.raises(ValueError, match="models.reward.function"):
         PythonScorer("winnow_test_reward:missing")
 
@@ -76,11 +77,11 @@ def test_a_python_reward_that_raises_or_returns_the_wrong_type_is_named(fn, need
     mod.f = fn
     sys.modules["winnow_test_reward2"] = mod
     with pytest.raises(RuntimeError) as err:
-        PythonScorer("winnow_test_reward2:f")([_item("a"), _item("b")], Meter(1))
+        scored(PythonScorer("winnow_test_reward2:f"), [_item("a"), _item("b")], Meter(1))
     assert str(err.value).startswith("models.reward.function: winnow_test_reward2:f ") and needle in str(err.value)
     assert err.value.__cause__ is None  # one cause: the first exception line a failed batch shows is this one
     mod.f = lambda prompts, texts: [True, 2]  # booleans and ints are numbers
-    assert PythonScorer("winnow_test_reward2:f")([_item("a"), _item("b")], Meter(1)) == [1.0, 2.0]
+    assert scored(PythonScorer("winnow_test_reward2:f"), [_item("a"), _item("b")], Meter(1)) == [1.0, 2.0]
 
 
 def test_model_reward_renders_with_its_own_template_and_batches():
@@ -91,7 +92,7 @@ def test_model_reward_renders_with_its_own_template_and_batches():
     scorer = runner.reward
     items = [_item(t, group=g) for g, t in enumerate(["the dog runs in the field .", "a cat sleeps .", "the"])]
     meter = Meter(3)
-    got = scorer(items, meter)
+    got = scored(scorer, items, meter)
     tok = scorer.tok
     assert tok.get_vocab() != runner.tokenizer.get_vocab()  # the retokenising path is real
     for it, g in zip(items, got):
@@ -105,7 +106,7 @@ def test_model_reward_renders_with_its_own_template_and_batches():
     assert meter.forwards["reward"].tolist() == [1, 1, 1]
     small = type(scorer)(scorer.model, scorer.tok, batch_tokens=64)
     meter2 = Meter(3)
-    assert small(items, meter2) == pytest.approx(got, abs=1e-4)
+    assert scored(small, items, meter2) == pytest.approx(got, abs=1e-4)
     assert int(meter2.tokens["reward"].sum()) == int(meter.tokens["reward"].sum())
 
 
@@ -122,7 +123,7 @@ def test_a_reward_input_longer_than_the_context_is_scored_on_its_end_and_counted
     scorer.max_len = lengths[1] - 5  # shorter than the long inputs, longer than the short one
     assert lengths[0] <= scorer.max_len
     meter = Meter(2)
-    got = scorer(items, meter)
+    got = scored(scorer, items, meter)
     assert meter.reward_inputs_truncated.tolist() == [0, 2]
     end = torch.tensor([scorer.encode(items[1])[-scorer.max_len:]])
     with torch.inference_mode():
@@ -149,7 +150,7 @@ def test_logprob_reward_is_the_mean_token_logprob():
     prompt = runner.encode_prompt([{"role": "user", "content": "hello"}])
     resp = runner.tokenizer("the dog runs .", add_special_tokens=False)["input_ids"]
     it = Scored(0, [{"role": "user", "content": "hello"}], "the dog runs .", prompt, resp)
-    got = runner.reward([it, it], Meter(1))
+    got = scored(runner.reward, [it, it], Meter(1))
     with torch.inference_mode():
         logits = runner.engine.target(torch.tensor([prompt + resp])).logits[0].float()
     lp = torch.log_softmax(logits, -1)
@@ -177,15 +178,15 @@ def test_model_reward_shares_the_prompt_prefix_and_scores_as_if_whole():
         for t in texts
     ]
     shared, whole = Meter(2), Meter(2)
-    got = scorer(items, shared)
+    got = scored(scorer, items, shared)
     reference = type(scorer)(scorer.model, scorer.tok, scorer.batch_tokens)
     reference.shares_prefix = False
-    want = reference(items, whole)
+    want = scored(reference, items, whole)
     assert got == pytest.approx(want, abs=1e-4)
     # the shared part is encoded once per prompt and batch: fewer reward tokens, one more forward per prompt
     assert (shared.tokens["reward"] < whole.tokens["reward"]).all()
     small = type(scorer)(scorer.model, scorer.tok, batch_tokens=64)
-    assert small(items, Meter(2)) == pytest.approx(want, abs=1e-4)
+    assert scored(small, items, Meter(2)) == pytest.approx(want, abs=1e-4)
 
 
 def test_prefix_sharing_probe_refuses_a_bidirectional_reward_model():

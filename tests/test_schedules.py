@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 
 from tests.trio_helpers import demo_items, run_trio, trio
-from workers.accounting.cost import Meter
 from workers.decoding.kvcache import model_kv_bytes
 from workers.pool.schedules import cut_value, rejection_cut
 
@@ -80,8 +79,11 @@ def test_the_schedules_space_is_the_free_memory_share_capped_by_kv_space_mb(monk
     from workers.engines.hf import HfDecoder
     from workers.pool.schedules import schedule_space
 
+    from dataclasses import replace
+
     sr = {"name": "speculative_rejection"}
-    decoder = HfDecoder(trio_context(Meter(1)), 4)
+    # a context without a KV space of its own: the decoder reads the device's free memory when asked
+    decoder = HfDecoder(replace(trio_context(), kv_space=None), SpeculativeRejection(**sr, n=4))
     real = schedule_space(SpeculativeRejection(**sr), decoder.kv_space())  # the host's own memory on CPU
     assert isinstance(real, int) and 0 < real < 2**62
     gib = 2**30

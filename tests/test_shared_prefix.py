@@ -36,7 +36,7 @@ def _decode(prompts, shared: bool, monkeypatch, forced: list | None = None):
     monkeypatch.setattr(sp, "SHARE_MIN_BYTES", 0)  # the tiny trio's prompts are below the size worth sharing
     if not shared:
         monkeypatch.setattr("workers.decoding.target.share", lambda *a: None)
-    engine = TargetSampler(runner.engine.target, runner.pad_id, runner.eos_ids, Warp(1.0), 0, Meter(len(prompts)))
+    engine = TargetSampler(runner.engine.target, runner.pad_id, runner.eos_ids, Warp(1.0), 0)
     longest = max(range(len(prompts)), key=lambda i: len(prompts[i].ids))
     logits, tokens = [], []
     with torch.inference_mode():
@@ -50,7 +50,7 @@ def _decode(prompts, shared: bool, monkeypatch, forced: list | None = None):
                 assert batch.kv_columns() < width  # the longest prompt's columns were holes for the rest: trimmed
             batch.mask = torch.cat([batch.mask, batch.mask.new_ones(batch.size, 1)], 1)
             out = forward(runner.engine.target, "target", batch.pending[:, None], batch.mask, batch.cache, batch.group,
-                          engine.meter)[:, -1]
+                          engine.work)[:, -1]
             logits.append(out)
             if forced is None:
                 engine._sample_into(batch, out)
@@ -79,7 +79,7 @@ def test_shared_prefix_gives_the_repeated_caches_logits_through_selection_and_tr
 def test_the_prompts_cache_is_held_once(prompts, monkeypatch):
     monkeypatch.setattr(sp, "SHARE_MIN_BYTES", 0)
     runner = trio()
-    engine = TargetSampler(runner.engine.target, runner.pad_id, runner.eos_ids, Warp(1.0), 0, Meter(len(prompts)))
+    engine = TargetSampler(runner.engine.target, runner.pad_id, runner.eos_ids, Warp(1.0), 0)
     with torch.inference_mode():
         batch = engine.prefill([p.ids for p in prompts], 16, [p.rng_key for p in prompts], [8] * len(prompts))
         engine.step(batch)
@@ -140,7 +140,7 @@ def test_a_gpu_shares_only_copies_that_take_a_part_of_its_memory(monkeypatch):
     assert sp.worth_sharing(2048, 64, kv, gpu)  # 2.8 GiB: over 560 MiB
     assert sp.worth_sharing(128, 64, kv, torch.device("cpu"))
     runner = trio()
-    engine = TargetSampler(runner.engine.target, runner.pad_id, runner.eos_ids, Warp(1.0), 0, Meter(1))
+    engine = TargetSampler(runner.engine.target, runner.pad_id, runner.eos_ids, Warp(1.0), 0)
     p = trio_prompts(demo_items(1))[0]
     with torch.inference_mode():
         batch = engine.prefill([p.ids], 16, [p.rng_key], [8])
@@ -152,9 +152,12 @@ def test_a_batch_that_prompts_join_holds_the_columns_and_prefixes_of_the_prompts
     their own lengths, so prompts join a batch that has decoded for a while. The batch holds the columns of the
     widest prompt and of its oldest sequence's tokens (at most 40), not one column per step it has lived (over 100
     here), and the prefixes of the prompts it runs, not of every prompt it ran; the rows are the repeated cache's."""
+    from dataclasses import replace
+
+    from tests.metered import decode
     from tests.trio_helpers import params_of, trio_context
     from workers.engines.hf import HfDecoder
-    from workers.pool.pool import Pool, decode
+    from workers.pool.pool import Pool
 
     items = demo_items(12)
     ps = trio_prompts(items, 40)
@@ -168,9 +171,9 @@ def test_a_batch_that_prompts_join_holds_the_columns_and_prefixes_of_the_prompts
         return step(self, batch)
 
     def run():
-        ctx = trio_context(Meter(len(ps)), {"max_new_tokens": 40})
+        ctx = replace(trio_context(Meter(len(ps)), {"max_new_tokens": 40}), width=8)
         with torch.inference_mode():
-            return decode(Pool.for_method(ctx, HfDecoder(ctx, 4, width=8), bon), ps)
+            return decode(Pool.for_method(ctx, HfDecoder(ctx, bon), bon), ps)
 
     monkeypatch.setattr(TargetSampler, "step", watched)
     monkeypatch.setattr(sp, "SHARE_MIN_BYTES", 0)

@@ -17,15 +17,15 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from schemas.config import GenerationConfig
 from schemas.methods import Sampling
+from tests.metered import MeteredContext, run_method
 from tests.replay_decoder import ScriptedScorer
 from tests.trio_helpers import params_of
 from workers.accounting.cost import Meter
+from workers.accounting.work import Work
 from workers.candidates import PromptInput
-from workers.context import Context
 from workers.decoding.kvcache import cache_kw, fork_cache, pack
 from workers.decoding.sampling import Warp, prompt_key, warp_probs
 from workers.decoding.speculative import SpeculativeSampler, Side, emit, ragged_cat, right_align, take
-from workers.methods import run_method
 
 EOS = 1
 PAD = 0
@@ -89,11 +89,13 @@ def coverage_reward(wanted: list[set[int]]):
 
 
 def toy_context(target, draft, generation: dict | None = None, reward=None, num_prompts: int = 1,
-                seed: int = 0) -> Context:
-    """A Context on a toy pair: `generation` as the config's section (sampling warp and pool sampler)."""
+                seed: int = 0) -> MeteredContext:
+    """A Context on a toy pair: `generation` as the config's section (sampling warp and pool sampler), with the meter
+    that `run` charges (`tests.metered`)."""
     g = GenerationConfig(**(generation or {}))
-    return Context(ToyTokenizer(), [EOS], PAD, reward, Meter(num_prompts),
-                   Sampling(g.temperature, g.top_p, g.top_k, g.sampler, g.gamma), seed, target=target, draft=draft)
+    return MeteredContext(ToyTokenizer(), [EOS], PAD, reward,
+                          Sampling(g.temperature, g.top_p, g.top_k, g.sampler, g.gamma), seed, target=target,
+                          draft=draft, meter=Meter(num_prompts))
 
 
 def toy_prompts(count: int, vocab: int, limit: int, seed: int = 0, lo: int = 3, hi: int = 12) -> list[PromptInput]:
@@ -107,8 +109,9 @@ def toy_prompts(count: int, vocab: int, limit: int, seed: int = 0, lo: int = 3, 
     return out
 
 
-def run(method: dict, ctx: Context, prompts: list[PromptInput]):
-    """Run a method from its own parameters (a dict such as {"name": "mjsd", "tau": 1.0})."""
+def run(method: dict, ctx: MeteredContext, prompts: list[PromptInput]):
+    """Run a method from its own parameters (a dict such as {"name": "mjsd", "tau": 1.0}), its work charged to the
+    context's meter."""
     with torch.inference_mode():
         return run_method(ctx, params_of(method), prompts)
 
@@ -207,7 +210,7 @@ def test_greedy_equality_holds_for_short_and_long_drafts(gamma):
 
 def sample_batch(target, draft, prompt, n, warp, gamma, limit, seed=0):
     with torch.inference_mode():
-        engine = SpeculativeSampler(target, draft, gamma, PAD, [EOS], warp, seed, Meter(1))
+        engine = SpeculativeSampler(target, draft, gamma, PAD, [EOS], warp, seed)
         batch = engine.prefill([prompt], n, [prompt_key("chi")], [limit])
         while not bool(engine.finished(batch).all()):
             engine.step(batch)
@@ -300,7 +303,7 @@ def test_both_caches_stay_exact_after_steps_and_sequence_selection():
     target, draft = pair()
     prompts = toy_prompts(4, 48, 30, seed=9)
     with torch.inference_mode():
-        engine = SpeculativeSampler(target, draft, 4, PAD, [EOS], Warp(1.0), 0, Meter(4))
+        engine = SpeculativeSampler(target, draft, 4, PAD, [EOS], Warp(1.0), 0)
         batch = engine.prefill([p.ids for p in prompts], 3, [p.rng_key for p in prompts], [30] * 4)
         for _ in range(4):
             engine.step(batch)
@@ -309,7 +312,7 @@ def test_both_caches_stay_exact_after_steps_and_sequence_selection():
         assert bool((t.n_in == batch.length - 1).all())
         for side, model in ((t, target), (d, draft)):
             seq, seq_len = side.backlog(batch.tokens, batch.length)
-            got = side.extend_to(seq, seq_len, torch.ones_like(seq_len, dtype=torch.bool), batch.group, Meter(4),
+            got = side.extend_to(seq, seq_len, torch.ones_like(seq_len, dtype=torch.bool), batch.group, Work(),
                                  None)[:, -1]
             for r in range(batch.size):
                 full = prompts[int(batch.group[r])].ids + batch.tokens[r, : int(batch.length[r])].tolist()
@@ -325,7 +328,7 @@ def test_pack_moves_real_columns_together_exactly():
     with torch.inference_mode():
         cache = DynamicCache(config=target.config)
         side = Side(target, "target", cache, mask.new_zeros(2, 0), torch.zeros(2, dtype=torch.long))
-        side.feed(ids, mask.bool(), torch.tensor([0, 0]), Meter(1), None)
+        side.feed(ids, mask.bool(), torch.tensor([0, 0]), Work(), None)
         packed = pack(cache, side.mask)
         assert packed.tolist() == [[1, 1, 1, 1], [0, 1, 1, 1]]
         nxt = torch.tensor([[20], [21]])
@@ -342,12 +345,12 @@ def test_commit_keeps_the_longest_agreeing_run_and_crops_common_holes():
     with torch.inference_mode():
         side = Side(target, "target", DynamicCache(config=target.config), torch.zeros(2, 0, dtype=torch.long),
                     torch.zeros(2, dtype=torch.long))
-        side.feed(torch.tensor([[4, 5], [6, 7]]), torch.ones(2, 2, dtype=torch.bool), torch.tensor([0, 1]), Meter(2),
+        side.feed(torch.tensor([[4, 5], [6, 7]]), torch.ones(2, 2, dtype=torch.bool), torch.tensor([0, 1]), Work(),
                   None)
         side.commit(torch.tensor([[4, 5, 9], [6, 7, 9]]), torch.tensor([3, 3]))
         assert side.n_in.tolist() == [2, 2] and side.mask.shape[1] == 2
         side.feed(torch.tensor([[9, 20, 21], [9, 22, 23]]), torch.ones(2, 3, dtype=torch.bool), torch.tensor([0, 1]),
-                  Meter(2), None)
+                  Work(), None)
         tokens = torch.tensor([[4, 5, 9, 20, 30, 0], [6, 7, 9, 31, 0, 0]])
         side.commit(tokens, torch.tensor([5, 4]))  # sequence 0: 9, 20 agree (30 pending); sequence 1: only 9 agrees
         assert side.n_in.tolist() == [4, 3]

@@ -11,11 +11,10 @@ import pytest
 import verifier_fixtures
 from trio_helpers import config, demo_items
 
-from tests.metered import scored
-
 from pipeline.prompts.normalise import normalise_row
 from schemas.base import ConfigError
 from schemas.config import DataConfig, validate_config
+from tests.metered import scored
 from workers.actor.runner import Runner
 from workers.candidates import Candidate, settle_verdicts
 from workers.scoring.items import Scored

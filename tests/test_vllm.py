@@ -201,18 +201,23 @@ def test_the_vllm_decoder_and_a_replay_of_its_tokens_give_the_same_decisions_cut
     from replay_decoder import ReplayDecoder
 
     from workers.accounting.cost import Meter
-    from workers.pool.pool import Pool, decode
+    from workers.pool.pool import Pool, decode as decode_work
+
+    def decode(pool, prompts, meter):  # the pool's work charged to `meter`, as the actor's loop charges it
+        results, work = decode_work(pool, prompts)
+        meter.charge(work)
+        return results
 
     sr, bon = runner(engine, method={**SR, **schedule}), runner(engine, method={"name": "best_of_n", "n": 8})
     prompts = [p for _, p in sr.prepare(demo_items(4))[0]]
     real_meter = Meter(len(prompts))
-    real = in_engine_thread(sr, lambda: decode(sr.open_pool(real_meter), prompts))
-    whole = in_engine_thread(bon, lambda: decode(bon.open_pool(Meter(len(prompts))), prompts))
+    real = in_engine_thread(sr, lambda: decode(sr.open_pool(), prompts, real_meter))
+    whole = in_engine_thread(bon, lambda: decode(bon.open_pool(), prompts, Meter(len(prompts))))
     streams = {(p.prompt_id, c): cand.tokens for p, r in zip(prompts, whole) for c, cand in enumerate(r.candidates)}
     meter = Meter(len(prompts))
     with torch.inference_mode():
-        decoder = ReplayDecoder(8, streams, meter, sr.engine.kv_bytes_per_token, 2**40)
-        replayed = decode(Pool.for_method(sr.context_for(meter), decoder, sr.params), prompts)
+        decoder = ReplayDecoder(8, streams, sr.engine.kv_bytes_per_token, 2**40)
+        replayed = decode(Pool.for_method(sr.context_for(), decoder, sr.params), prompts, meter)
     assert any(r.stats["rejection_rounds"] for r in real)
     for a, b in zip(real, replayed):  # (the perplexity is the decoder's: the replay keeps no log-probabilities)
         assert {k: v for k, v in a.stats.items() if k != "perplexity"} == \

@@ -36,7 +36,9 @@ if WHY is not None and os.environ.get("WINNOW_REQUIRE_REAL") == "1":
 if WHY is not None:
     pytest.skip(WHY, allow_module_level=True)
 
+from tests.metered import scored  # noqa: E402
 from workers.accounting.cost import Meter  # noqa: E402
+from workers.accounting.work import Work  # noqa: E402
 from workers.actor.runner import Runner  # noqa: E402
 from workers.loading import load_reward_model  # noqa: E402
 from workers.scoring.items import Scored  # noqa: E402
@@ -88,8 +90,8 @@ def reference(target, folder):
     instructions with the transformers reward."""
     loaded = load_reward_model(str(folder), "models.reward.path", torch.device("cpu"), "float32", False)
     hf = RewardModelScorer(loaded.model, loaded.tokenizer, batch_tokens=8192)
-    first = hf(items(RESPONSES), Meter(2))
-    second = hf(items(grown(RESPONSES)), Meter(2))
+    first = scored(hf, items(RESPONSES), Meter(2))
+    second = scored(hf, items(grown(RESPONSES)), Meter(2))
     newline = hf.tok("\n", add_special_tokens=False)["input_ids"][-1]
     pad = hf.model.config.pad_token_id
     hf.model.config.pad_token_id = newline  # transformers' head now reads the last token that is not '\n'
@@ -118,19 +120,19 @@ def close(got: list[float], want: list[float], tol: float = 1e-4) -> bool:
 
 def test_vllm_scores_are_the_transformers_scores(scorer, reference):
     meter = Meter(2)
-    got = scorer(items(RESPONSES), meter)
+    got = scored(scorer, items(RESPONSES), meter)
     assert close(got, reference["first"]), (got, reference["first"])
     assert len(set(got)) == len(got)  # a random head, different texts: the check is not trivially true
     assert int(meter.tokens["reward"].sum()) > 0
 
 
 def test_a_decision_re_feeds_only_what_the_prefix_cache_does_not_hold(scorer, reference):
-    scorer(items(RESPONSES), Meter(2))  # what the previous decision scored (held by vLLM's prefix cache)
+    scored(scorer, items(RESPONSES), Meter(2))  # what the previous decision scored (held by vLLM's prefix cache)
     meter = Meter(2)
     grown_items = items(grown(RESPONSES))
-    got = scorer(grown_items, meter)
+    got = scored(scorer, grown_items, meter)
     assert close(got, reference["second"]), (got, reference["second"])
-    whole = sum(len(ids) for ids in scorer.inputs(grown_items, Meter(2)))
+    whole = sum(len(ids) for ids in scorer.inputs(grown_items, Work()))
     fed = int(meter.tokens["reward"].sum())
     # every input starts with blocks vLLM computed for the previous call; only the rest is computed again
     assert 0 < fed < whole - 32 * len(grown_items) // 2, (fed, whole)
@@ -138,9 +140,9 @@ def test_a_decision_re_feeds_only_what_the_prefix_cache_does_not_hold(scorer, re
 
 def test_the_head_reads_the_last_token_that_is_not_its_pad_token(scorer, reference, monkeypatch):
     monkeypatch.setattr(scorer, "head_pad", reference["newline"])
-    inputs = scorer.inputs(items(RESPONSES), Meter(2))
+    inputs = scorer.inputs(items(RESPONSES), Work())
     assert all(ids[-1] != reference["newline"] for ids in inputs)
-    got = scorer(items(RESPONSES), Meter(2))
+    got = scored(scorer, items(RESPONSES), Meter(2))
     assert close(got, reference["padded"]), (got, reference["padded"])
     assert not close(got, reference["first"])  # another token read: another score
 
@@ -165,7 +167,7 @@ def test_speculative_rejection_with_the_vllm_reward_gives_the_transformers_rewar
 def test_the_vllm_reward_counts_inputs_cut_to_what_its_cache_holds(scorer):
     meter = Meter(2)
     long = " ".join(["Keep the same hours every day, weekends too."] * 700)  # past the 256 MiB cache's tokens
-    got = scorer([Scored(0, PROMPTS[0], "An apple", [], []), Scored(1, PROMPTS[1], long, [], [])], meter)
+    got = scored(scorer, [Scored(0, PROMPTS[0], "An apple", [], []), Scored(1, PROMPTS[1], long, [], [])], meter)
     assert meter.reward_inputs_truncated.tolist() == [0, 1] and all(math.isfinite(v) for v in got)
 
 
@@ -177,8 +179,8 @@ def test_the_target_and_the_reward_each_on_a_vllm_engine_in_one_actor(folder, re
         method={"name": "best_of_n", "n": 4}, generation={"max_new_tokens": 16}))
     rows = runner.run(demo_items(2))
     assert all(r["error"] is None for r in rows)
-    want = reference["hf"]([Scored(i, r["prompt"], row["best_text"], [], []) for i, (r, row) in
-                            enumerate(zip(demo_items(2), rows))], Meter(2))
+    want = scored(reference["hf"], [Scored(i, r["prompt"], row["best_text"], [], []) for i, (r, row) in
+                                    enumerate(zip(demo_items(2), rows))], Meter(2))
     assert close([row["best_reward"] for row in rows], want), ([row["best_reward"] for row in rows], want)
 
 
@@ -195,14 +197,14 @@ def test_a_process_reward_model_on_vllm_scores_its_steps_as_transformers_does(ta
     partial = [[t[: len(t) // 2] for t in ts] for ts in steps_of]
     loaded = load_process_reward_model(str(prm), "models.reward.path", torch.device("cpu"), "float32", False)
     hf = ProcessRewardScorer(loaded.model, loaded.tokenizer, rule, 8192)
-    want = hf(items(partial) + items(steps_of), Meter(2))
+    want = scored(hf, items(partial) + items(steps_of), Meter(2))
     on_vllm = VllmRewardScorer(str(prm), "models.reward.path", torch.device("cpu"), "float32", False, 256, seed=0,
                                steps=rule)
     meter = Meter(2)
-    got = on_vllm(items(partial) + items(steps_of), meter)
+    got = scored(on_vllm, items(partial) + items(steps_of), meter)
     assert close(got, want), (got, want)
     assert len(set(round(x, 5) for x in got)) >= len(got) // 2  # a random head: the check is not trivially true
-    whole = sum(len(ids) for ids in rule.inputs(on_vllm.tok, None, items(partial) + items(steps_of), Meter(2))[0])
+    whole = sum(len(ids) for ids in rule.inputs(on_vllm.tok, None, items(partial) + items(steps_of), Work())[0])
     assert int(meter.tokens["reward"].sum()) == whole
 
 
@@ -267,5 +269,6 @@ def test_winnow_generate_on_vllm_engines_killed_and_resumed_scores_each_prompt_o
     assert all(r["error"] is None and len(r["candidates"]) == 8 for r in rows)
     m = json.loads((run / "manifest.json").read_text())
     assert (m["status"], m["rows"], m["prompts"]) == ("succeeded", 16, 16)
-    want = reference["hf"]([Scored(i, r["prompt"], r["best_text"], [], []) for i, r in enumerate(rows)], Meter(16))
+    want = scored(reference["hf"], [Scored(i, r["prompt"], r["best_text"], [], []) for i, r in enumerate(rows)],
+                  Meter(16))
     assert close([r["best_reward"] for r in rows], want), ([r["best_reward"] for r in rows], want)

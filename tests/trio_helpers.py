@@ -20,9 +20,9 @@ from schemas.config import GenerationConfig, JobConfig, validate_config
 from schemas.methods import Method, Sampling
 from workers.accounting.cost import Meter
 from workers.actor.runner import Runner
+from tests.metered import metered, run_method as method_results
 from workers.candidates import PromptInput
 from workers.context import Context
-from workers.methods import run_method as method_results
 from workers.methods.measures import add_measures
 from workers.scoring.scorers import LexicalScorer, LogprobScorer
 
@@ -69,7 +69,7 @@ def run_method(runner: Runner, items: list[dict]):
     assert not errors, errors
     prompts = [p for _, p in ready]
     meter = Meter(len(prompts))
-    ctx = runner.context_for(meter)
+    ctx = metered(runner.context_for(), meter)
     with torch.inference_mode():
         results = method_results(ctx, runner.params, prompts)
         add_measures(ctx, prompts, results)
@@ -87,11 +87,13 @@ def params_of(method: dict):
     return TypeAdapter(Method).validate_python(method)
 
 
-def trio_context(meter: Meter, generation: dict | None = None, seed: int = 0, reward: str = "model") -> Context:
-    """A Context on the bundled trio: generation settings over BASE's, `reward` 'model' (the tiny reward model),
-    'lexical' (concept coverage) or 'logprob' (the target's mean token log-probability)."""
+def trio_context(meter: Meter | None = None, generation: dict | None = None, seed: int = 0,
+                 reward: str = "model") -> Context:
+    """A Context on the bundled trio, with `meter` beside it (`tests.metered`: what its runs charge): generation
+    settings over BASE's, `reward` 'model' (the tiny reward model), 'lexical' (concept coverage) or 'logprob' (the
+    target's mean token log-probability)."""
     g = GenerationConfig(**merge(BASE["generation"], generation or {}))
-    ctx = trio().context_for(meter)
+    ctx = metered(trio().context_for(), meter)
     rewards = {"model": ctx.reward, "lexical": LexicalScorer(),
                "logprob": LogprobScorer(ctx.target, ctx.pad_id, 8192)}
     return replace(ctx, sampling=Sampling(g.temperature, g.top_p, g.top_k, g.sampler, g.gamma), seed=seed,

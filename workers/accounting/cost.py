@@ -15,6 +15,10 @@ numbered on, `grow` adds room for the next ones and `retire` forgets the oldest 
 holds only a window of prompt numbers (`base` is the first). There each stretch of work is charged as it ends
 (`tick`): its seconds are shared among the prompts by the tokens they caused in it, so the device seconds of all the
 prompts sum to the loop's busy time, however many actor calls overlapped.
+
+No layer below the loop holds a meter: samplers, decoders, scorers and methods hand back what they ran (a
+`workers.accounting.work.Work`), and the loop (or the runner, for a method with a loop of its own) charges it here
+(`charge`), in one place.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from __future__ import annotations
 import time
 
 import torch
+
+from workers.accounting.work import Work
 
 ROLES = ("target", "draft", "reward")
 
@@ -39,6 +45,22 @@ class Meter:
         self.started = time.perf_counter()
         self.seconds: torch.Tensor | None = None  # [num_prompts] float64 once `tick` charges time
         self._charged: torch.Tensor | None = None  # tokens of every role at the last tick
+
+    def charge(self, work: Work) -> None:
+        """Count what `work` records, in its order: forwards (`count_forward`), steps (`count_step`), cut reward
+        inputs (`count_truncated`) and corrections (`settle`)."""
+        for entry in work.entries:
+            kind = entry[0]
+            if kind == "forward":
+                self.count_forward(*entry[1:])
+            elif kind == "step":
+                self.count_step(*entry[1:])
+            elif kind == "truncated":
+                self.count_truncated(*entry[1:])
+            elif kind == "settle":
+                self.settle(*entry[1:])
+            else:
+                raise ValueError(f"Meter.charge: unknown entry {kind!r}")
 
     def _index(self, group: torch.Tensor, values: torch.Tensor | None = None):
         """Window positions of prompts `group` (and their `values`), without retired prompts: a retired prompt's

@@ -13,13 +13,15 @@ failure of the engine itself raises, so the job fails loudly.
 
 The candidate-pool methods (best_of_n, speculative_rejection, greedy, nucleus, speculative_decoding: the `pool`
 ability of schemas.methods) decode in one loop per actor (`workers.pool.loop`) on either engine, which the calls in
-flight feed where the method allows it. The other methods (beam, MJSD, CDSL, CDLH) run on the hf engine's models,
-a call at a time, in groups of prompts that fit in memory (`workers.methods`).
+flight feed where the method allows it: a call that finds the loop idle opens a fresh pool and has the engine serve
+the loop on it. The other methods (beam, MJSD, CDSL, CDLH) run on the hf engine's models, a call at a time, in
+groups of prompts that fit in memory (`workers.methods`), each group's work charged here to a meter of its own.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import threading
 import time
@@ -60,8 +62,10 @@ def new_engine(config: JobConfig) -> Engine:
     return HfEngine(config)
 
 
-def load_reward(config: JobConfig, engine: Engine) -> Scorer | None:
-    """The scorer of `models.reward` on the engine's device (None without a reward)."""
+def load_reward(config: JobConfig, engine: Engine, **switches) -> Scorer | None:
+    """The scorer of `models.reward` on the engine's device (None without a reward). `switches`: the sessions'
+    switches of a reward model on transformers (`RewardModelScorer`: incremental_sessions, levels, share_prompts),
+    which benches set to measure a session against its absence."""
     r = config.models.reward
     if r is None:
         return None
@@ -76,9 +80,9 @@ def load_reward(config: JobConfig, engine: Engine) -> Scorer | None:
         if steps is not None:
             loaded = load_process_reward_model(r.path, "models.reward.path", engine.device, m.dtype,
                                                m.trust_remote_code)
-            return ProcessRewardScorer(loaded.model, loaded.tokenizer, steps, r.batch_tokens)
+            return ProcessRewardScorer(loaded.model, loaded.tokenizer, steps, r.batch_tokens, **switches)
         loaded = load_reward_model(r.path, "models.reward.path", engine.device, m.dtype, m.trust_remote_code)
-        return RewardModelScorer(loaded.model, loaded.tokenizer, r.batch_tokens)
+        return RewardModelScorer(loaded.model, loaded.tokenizer, r.batch_tokens, **switches)
     if r.kind == "logprob":
         return LogprobScorer(engine.target, engine.pad_id, r.batch_tokens)
     if r.kind == "lexical":
@@ -110,11 +114,13 @@ def load_verifier(config: JobConfig) -> Verifier | None:
 
 
 class Runner:
-    def __init__(self, config: JobConfig, share: "Runner | None" = None, engine: Engine | None = None):
+    def __init__(self, config: JobConfig, share: "Runner | None" = None, engine: Engine | None = None,
+                 reward_switches: dict | None = None):
         """`share`: a Runner of the same models and resources whose engine and reward this one uses (a test or a
         bench running several methods or settings on one loaded engine; two runners' calls decode one after the
         other). `engine`: an engine built for `config` by the caller (bench/vllm_engine.py builds its vLLM engine
-        through `vllm.LLM`)."""
+        through `vllm.LLM`). `reward_switches`: the reward model's session switches (`load_reward`), for a reward
+        loaded here (not shared)."""
         if share is not None and (share.config.models != config.models or share.config.resources != config.resources):
             raise ValueError("models and resources: a runner sharing an engine needs the same models and resources")
         if share is not None and config.draft_needed_by and share.engine.draft is None:
@@ -135,14 +141,13 @@ class Runner:
             log.warning("models.target %s: its config has no max_position_embeddings, so prompts are not checked "
                         "against a context length (each response may still take generation.max_new_tokens)",
                         config.models.target)
-        self.reward: Scorer | None = share.reward if share is not None else load_reward(config, self.engine)
+        self.reward: Scorer | None = share.reward if share is not None else \
+            load_reward(config, self.engine, **(reward_switches or {}))
         self.verifier: Verifier | None = share.verifier if share is not None else load_verifier(config)
         self.verdict_reward = getattr(config.models.reward, "kind", None) in VERIFIER_REWARDS
         self.engine.start()  # vLLM's engine, after the reward model: its CPU worker pins this process's threads
         self.devices = config.resources.gpus_per_worker or 1.0  # what an actor's busy time is multiplied by
-        self.loop = None
-        if self.params.pool:
-            self.loop = Loop(self.open_pool, config.concurrent_calls > 1, self.engine.serve, self.devices)
+        self.loop = Loop(config.concurrent_calls > 1, self.devices) if self.params.pool else None
         self.lock = threading.Lock()  # the other methods: one call at a time
 
     # -- prompts -------------------------------------------------------------------------------------------------
@@ -180,19 +185,21 @@ class Runner:
             ready.append((i, prompt))
         return ready, errors
 
-    def context_for(self, meter: Meter) -> Context:
-        """What the method and its pool share for a batch: the tokenizer and stop tokens, the reward, `meter`, the
-        method's sampling (`Context.for_method`) and the seed, and the hf engine's models."""
+    def context_for(self) -> Context:
+        """What the method and its pool share for a batch: the tokenizer and stop tokens, the reward, the method's
+        sampling (`Context.for_method`) and the seed, the hf engine's models, and what a pool's decoder may take:
+        the engine's KV space read now, and models.max_num_seqs."""
         e = self.engine
-        ctx = Context(self.decoding_tokenizer, self.eos_ids, self.pad_id, self.reward, meter,
+        ctx = Context(self.decoding_tokenizer, self.eos_ids, self.pad_id, self.reward,
                       Sampling.of(self.config.generation), self.config.seed, target=e.target, draft=e.draft,
-                      verifier=self.verifier, verdict_reward=self.verdict_reward)
+                      verifier=self.verifier, verdict_reward=self.verdict_reward, kv_space=e.kv_space(),
+                      width=self.config.models.width(self.params.candidates()))
         return ctx.for_method(self.params)
 
-    def open_pool(self, meter: Meter) -> Pool:
-        """A fresh candidate pool for the method on the engine, counting into `meter`."""
-        ctx = self.context_for(meter)
-        return Pool.for_method(ctx, self.engine.decoder(ctx, self.params, self.reward), self.params)
+    def open_pool(self) -> Pool:
+        """A fresh candidate pool for the method on the engine."""
+        ctx = self.context_for()
+        return Pool.for_method(ctx, self.engine.decoder(ctx, self.params), self.params)
 
     # -- a call --------------------------------------------------------------------------------------------------
     def run(self, items: list[dict]) -> list[dict]:
@@ -206,7 +213,7 @@ class Runner:
         prompts = [p for _, p in ready]
         self.engine.check(prompts, self.params, self.reward)  # a prompt too large for the memory fails here
         if self.loop is not None:
-            outcomes = self.loop.run(prompts)
+            outcomes = self._feed(prompts)
         else:
             with self.lock:
                 outcomes = self._run_chunks(prompts)
@@ -214,21 +221,34 @@ class Runner:
             out[i] = self.row(p, o)
         return out
 
+    def _feed(self, prompts: list[PromptInput]) -> list[Outcome]:
+        """A call of a pool method through the actor's decoding loop. The call that finds the loop idle opens it: a
+        fresh pool, served by the engine in the thread that steps it; if that fails, every call waiting fails."""
+        call = self.loop.submit(prompts)
+        if call.opens:
+            try:
+                self.engine.serve(functools.partial(self.loop.serve, self.open_pool()))
+            except BaseException as err:  # noqa: BLE001 - not swallowed: each waiting call (this one too) raises it
+                self.loop.fail(err)
+        return self.loop.wait(call)
+
     @torch.inference_mode()
     def _run_chunks(self, prompts: list[PromptInput]) -> list[Outcome]:
         """A method that is not a candidate pool, on the hf engine: the prompts in chunks that fit in memory, each
-        chunk's costs taken before its quality measures run (they are not billed)."""
+        chunk's costs taken before its quality measures run (they are not billed): what the method ran, charged
+        to the chunk's meter."""
         started = time.perf_counter()
         out: list[Outcome] = []
         for chunk in self.engine.memory_chunks(prompts, self.params, self.reward):
             ps = [prompts[i] for i in chunk]
-            meter = Meter(len(ps))
-            meter.started = started
-            ctx = self.context_for(meter)
-            results = run_method(ctx, self.params, ps)
+            ctx = self.context_for()
+            results, work = run_method(ctx, self.params, ps)
             self.engine.synchronize()
             if self.verifier is not None:  # judged before the cost window closes: the actor waits for it
                 self._judge(ps, results)
+            meter = Meter(len(ps))
+            meter.started = started
+            meter.charge(work)
             costs = meter.per_prompt(self.devices)  # the cost window closes here
             add_perplexities(ctx, ps, results)
             out += [Outcome(r, c, int(t)) for r, c, t in zip(results, costs, meter.reward_inputs_truncated.tolist())]
@@ -262,7 +282,7 @@ class Runner:
         tok = self.tokenizer
         scored = [Scored(k, p.messages, responses[i], p.ids, tok(responses[i], add_special_tokens=False)["input_ids"],
                          p.concepts, None, p.columns) for k, (i, p) in enumerate(ready)]
-        scores = self.reward(scored, Meter(len(scored))) if self.reward is not None else [None] * len(scored)
+        scores = self.reward(scored).values if self.reward is not None else [None] * len(scored)
         futures = [self.verifier.submit(it.text, it.row or {}, it.prompt) if self.verifier is not None else None
                    for it in scored]
         for (i, _), score, future in zip(ready, scores, futures):

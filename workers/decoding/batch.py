@@ -24,7 +24,7 @@ from dataclasses import dataclass, fields
 import torch
 from transformers import DynamicCache
 
-from workers.accounting.cost import Meter
+from workers.accounting.work import Work
 from workers.decoding.kvcache import cache_kw, drop_left, fork_cache, join_caches, layers_of
 from workers.decoding.shared_prefix import SharedPrefixCache, shared_forward
 
@@ -41,15 +41,15 @@ def forward(
     mask: torch.Tensor,
     cache: DynamicCache,
     group: torch.Tensor,
-    meter: Meter,
+    work: Work,
     keep: int = 1,
     counted: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One counted forward of `input_ids` [B, T] appended to `cache`; `mask` [B, L] covers cache + new columns.
 
-    Returns logits [B, keep, V] of the last `keep` positions (float32). Counts, per group, the real new tokens
-    and one forward call, of the sequences `counted` [B] bool marks (default all): an ended sequence still fed until
-    its batch compacts is nobody's, so a prompt's count depends on its own sequences only.
+    Returns logits [B, keep, V] of the last `keep` positions (float32). Records in `work`, per group, the real new
+    tokens and one forward call, of the sequences `counted` [B] bool marks (default all): an ended sequence still fed
+    until its batch compacts is nobody's, so a prompt's count depends on its own sequences only.
     """
     t = input_ids.shape[1]
     pos = position_ids(mask)[:, -t:]  # [B, T]
@@ -58,7 +58,7 @@ def forward(
         out = shared_forward(model, cache, **inputs)
     else:
         out = model(**cache_kw(model, cache), **inputs)
-    meter.count_forward(role, group, mask[:, -t:].sum(-1), counted)
+    work.forward(role, group, mask[:, -t:].sum(-1), counted)
     return out.logits.float()
 
 

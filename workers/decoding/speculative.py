@@ -39,7 +39,7 @@ from dataclasses import dataclass, fields
 import torch
 from transformers import DynamicCache
 
-from workers.accounting.cost import Meter
+from workers.accounting.work import Work
 from workers.decoding.batch import Batch, left_pad, position_ids
 from workers.decoding.kvcache import cache_kw, crop_right, fork_cache, model_kv_bytes, new_cache, pack, pack_threshold
 from workers.decoding.logprobs import token_logprobs
@@ -106,7 +106,7 @@ def right_align(seq: torch.Tensor, start: torch.Tensor, stop: torch.Tensor) -> t
 class DecodeTally:
     """Per-prompt counters of a decoding method: calls per model, drafted tokens proposed and accepted, tokens
     emitted and generated, and CDSL's states. Calls are counted per sequence (a forward over k sequences of a prompt
-    is k calls), which is how a single sequence sees them and how the papers count them; the Meter counts batched
+    is k calls), which is how a single sequence sees them and how the papers count them; a `Work` records batched
     forwards."""
 
     KEYS = ("target_calls", "draft_calls", "proposed", "accepted", "emitted", "verifications", "generated")
@@ -159,7 +159,7 @@ class Side:
     """
 
     model: torch.nn.Module
-    role: str  # "target" | "draft" (for the Meter and the DecodeTally)
+    role: str  # "target" | "draft" (for the Work and the DecodeTally)
     cache: DynamicCache
     mask: torch.Tensor  # [B, L] long
     n_in: torch.Tensor  # [B]
@@ -177,13 +177,13 @@ class Side:
         return int(self.mask.shape[0])
 
     def feed(
-        self, ids: torch.Tensor, real: torch.Tensor, group: torch.Tensor, meter: Meter, tally: DecodeTally | None,
+        self, ids: torch.Tensor, real: torch.Tensor, group: torch.Tensor, work: Work, tally: DecodeTally | None,
         keep: int = 1,
     ) -> torch.Tensor | None:
         """Append columns ids [B, W] (real [B, W] bool; False = hole) and run one forward.
 
         Returns float32 logits [B, keep, V] of the last `keep` columns, or None (and appends nothing) when no sequence
-        has a real column. Only sequences with a real column are charged, in the Meter and in the DecodeTally.
+        has a real column. Only sequences with a real column are counted, in `work` and in the DecodeTally.
         """
         real = real.bool()
         if ids.shape[1] == 0 or not bool(real.any()):
@@ -196,7 +196,7 @@ class Side:
             **cache_kw(self.model, self.cache), use_cache=True, logits_to_keep=keep,
         )
         charged = real.any(-1)  # [B] sequences with a real column
-        meter.count_forward(self.role, group, real.sum(-1), charged)
+        work.forward(self.role, group, real.sum(-1), charged)
         if tally is not None:
             tally.add(self.role + "_calls", group, charged)
         return out.logits.float()
@@ -226,7 +226,7 @@ class Side:
         self.mask = torch.cat([self.mask[:, : self.base], keep.long()], 1)
 
     def extend_to(
-        self, seq: torch.Tensor, seq_len: torch.Tensor, which: torch.Tensor, group: torch.Tensor, meter: Meter,
+        self, seq: torch.Tensor, seq_len: torch.Tensor, which: torch.Tensor, group: torch.Tensor, work: Work,
         tally: DecodeTally | None, keep: int = 1,
     ) -> torch.Tensor | None:
         """Bring the sequences `which` [B] bool marks to the context seq[b, :seq_len_b] (the tokens after the cache's
@@ -235,7 +235,7 @@ class Side:
         count = torch.minimum(self.match(seq, seq_len), (seq_len - 1).clamp(min=0))
         self.retract(count, which)
         ids, real = right_align(seq, count, seq_len)
-        return self.feed(ids, real & which[:, None], group, meter, tally, keep)
+        return self.feed(ids, real & which[:, None], group, work, tally, keep)
 
     def commit(self, tokens: torch.Tensor, length: torch.Tensor, with_pending: bool = False) -> None:
         """Keep the fed columns that agree with the committed tokens[:, :length] (the pending token excluded unless
@@ -356,7 +356,7 @@ def emit(batch: Batch, block: torch.Tensor, block_len: torch.Tensor, room_: torc
 
 def open_batch(
     target: torch.nn.Module, draft: torch.nn.Module | None, prompts: list[list[int]], rng_keys: list[int],
-    limits: list[int], pad_id: int, meter: Meter, tally: DecodeTally, reps: int = 1,
+    limits: list[int], pad_id: int, work: Work, tally: DecodeTally, reps: int = 1,
 ) -> SpecBatch:
     """A batch in the pending convention (offset 1): each prompt's last token is the first pending token, the caches
     hold the rest of the prompt (prefilled once per prompt, repeated `reps` times)."""
@@ -368,7 +368,7 @@ def open_batch(
     def prefill(model, role):
         cache = new_cache(model.config)
         side = Side(model, role, cache, mask.new_zeros(p, 0), torch.zeros(p, dtype=torch.long, device=dev))
-        side.feed(ids, mask.bool(), groups, meter, None)
+        side.feed(ids, mask.bool(), groups, work, None)
         tally.add(role + "_calls", groups, mask.any(-1).long() * reps)
         cache.batch_repeat_interleave(reps)
         return cache, side.mask.repeat_interleave(reps, 0)
@@ -432,7 +432,7 @@ class SpeculativeSampler:
 
     def __init__(
         self, target: torch.nn.Module, draft: torch.nn.Module, gamma: int, pad_id: int, eos_ids: list[int],
-        warp: Warp, seed: int, meter: Meter,
+        warp: Warp, seed: int,
     ):
         if gamma < 1:
             raise ValueError(f"gamma must be >= 1; got {gamma}")
@@ -440,13 +440,19 @@ class SpeculativeSampler:
         self.device = next(target.parameters()).device
         self.pad_id = pad_id
         self.eos = torch.tensor(sorted(set(eos_ids)), dtype=torch.long, device=self.device)
-        self.warp, self.seed, self.meter = warp, seed, meter
+        self.warp, self.seed = warp, seed
+        self.work = Work()  # the forwards run since the decoder last took them
         self.columns_per_step = gamma + 1  # the most columns a step appends to either cache
         self.kv_bytes_per_column = model_kv_bytes(target) + model_kv_bytes(draft)
         self.tally: DecodeTally | None = None
 
     def stats(self, group: int) -> dict:
         return self.tally.stats(group) if self.tally is not None else {}
+
+    def take_work(self) -> Work:
+        """The forwards run since the last call, handed to the decoder (a fresh record starts)."""
+        work, self.work = self.work, Work()
+        return work
 
     def prefill(self, prompts: list[list[int]], n: int, rng_keys: list[int], limits: list[int], first_group: int = 0
                 ) -> SpecBatch:
@@ -462,9 +468,9 @@ class SpeculativeSampler:
         zeros = torch.zeros(p, dtype=torch.long, device=dev)
 
         t = Side(self.target, "target", new_cache(self.target.config), mask.new_zeros(p, 0), zeros)
-        logits = t.feed(ids, mask.bool(), groups, self.meter, None)[:, -1]  # [P, V]
+        logits = t.feed(ids, mask.bool(), groups, self.work, None)[:, -1]  # [P, V]
         d = Side(self.draft, "draft", new_cache(self.draft.config), mask.new_zeros(p, 0), zeros)
-        d.feed(ids, mask.bool(), groups, self.meter, None)
+        d.feed(ids, mask.bool(), groups, self.work, None)
         for side in (t, d):
             side.cache.batch_repeat_interleave(n)
             self.tally.add(side.role + "_calls", groups, torch.full_like(groups, n))
@@ -489,7 +495,7 @@ class SpeculativeSampler:
         return batch
 
     def step(self, batch: SpecBatch) -> None:
-        step_speculative(self.target, self.draft, batch, self.gamma, self.warp, self.seed, self.eos, self.meter,
+        step_speculative(self.target, self.draft, batch, self.gamma, self.warp, self.seed, self.eos, self.work,
                          self.tally)
 
     def finished(self, batch: Batch) -> torch.Tensor:
@@ -501,7 +507,7 @@ class SpeculativeSampler:
 
 def step_speculative(
     target: torch.nn.Module, draft: torch.nn.Module, batch: SpecBatch, gamma: int, warp: Warp, seed: int,
-    eos: torch.Tensor, meter: Meter, tally: DecodeTally,
+    eos: torch.Tensor, work: Work, tally: DecodeTally,
 ) -> torch.Tensor:
     """One draft-then-verify step for every open sequence; returns [B] tokens emitted.
 
@@ -523,7 +529,7 @@ def step_speculative(
     q = None  # [B, G, V]
     if g > 0:
         seq, seq_len = d.backlog(batch.tokens, batch.length)
-        logits = d.extend_to(seq, seq_len, gam > 0, batch.group, meter, tally)[:, -1]  # [B, V]
+        logits = d.extend_to(seq, seq_len, gam > 0, batch.group, work, tally)[:, -1]  # [B, V]
         qs = []
         for i in range(g):
             q_i = warp_probs(logits, warp)  # [B, V]
@@ -531,13 +537,13 @@ def step_speculative(
             drafts[:, i] = logits.argmax(-1) if warp.greedy else sample(q_i, u)
             qs.append(q_i)
             if i + 1 < g:
-                logits = d.feed(drafts[:, i : i + 1], (gam > i + 1)[:, None], batch.group, meter, tally)[:, -1]
+                logits = d.feed(drafts[:, i : i + 1], (gam > i + 1)[:, None], batch.group, work, tally)[:, -1]
         q = torch.stack(qs, 1)
 
     # -- verify: one target forward over the pending token and the drafts -----------------------------------------
     back, back_len = t.backlog(batch.tokens, batch.length)
     seq, seq_len = ragged_cat(back, back_len, drafts, gam)
-    logits = t.extend_to(seq, seq_len, active, batch.group, meter, tally, keep=g + 1)  # [B, G+1, V]
+    logits = t.extend_to(seq, seq_len, active, batch.group, work, tally, keep=g + 1)  # [B, G+1, V]
     if logits is None:
         return torch.zeros(b, dtype=torch.long, device=dev)
     shift = g - gam  # sequences with fewer drafts are right-aligned: their columns start later

@@ -3,14 +3,15 @@
 A *sampler* (here and in `workers.decoding.speculative`) is how the hf engine turns a pool's sequences into tokens:
 `prefill` starts prompts (each prefilled once, its first token sampled for every candidate), `step` samples the next
 token of every sequence, `done` says which have finished. Draws are counter-based (`workers.decoding.sampling`), so
-a sequence's tokens do not depend on the sequences batched with it.
+a sequence's tokens do not depend on the sequences batched with it. A sampler records the forwards it runs in its
+own `Work`, which its decoder takes after each call (`take_work`) and hands up with the step's output.
 """
 
 from __future__ import annotations
 
 import torch
 
-from workers.accounting.cost import Meter
+from workers.accounting.work import Work
 from workers.decoding.batch import Batch, Prefilled, forward, left_pad
 from workers.decoding.kvcache import model_kv_bytes, new_cache
 from workers.decoding.sampling import STREAM_TOKEN, Warp, next_tokens_and_logprobs, uniforms
@@ -31,7 +32,6 @@ class TargetSampler:
         eos_ids: list[int],
         warp: Warp,
         seed: int,
-        meter: Meter,
     ):
         self.model = model
         self.device = next(model.parameters()).device
@@ -39,8 +39,13 @@ class TargetSampler:
         self.eos = torch.tensor(sorted(set(eos_ids)), dtype=torch.long, device=self.device)
         self.warp = warp
         self.seed = seed
-        self.meter = meter
+        self.work = Work()  # the forwards run since the decoder last took them
         self.kv_bytes_per_column = model_kv_bytes(model)
+
+    def take_work(self) -> Work:
+        """The forwards run since the last call, handed to the decoder (a fresh record starts)."""
+        work, self.work = self.work, Work()
+        return work
 
     def stats(self, group: int) -> dict:
         """Method-specific measurements of one prompt (none for plain sampling)."""
@@ -61,7 +66,7 @@ class TargetSampler:
         ids, mask = left_pad(prompts, self.pad_id, self.device)  # [P, L]
         cache = new_cache(self.model.config)
         group = torch.tensor(groups, dtype=torch.long, device=self.device)
-        logits = forward(self.model, self.role, ids, mask, cache, group, self.meter)[:, -1]  # [P, V]
+        logits = forward(self.model, self.role, ids, mask, cache, group, self.work)[:, -1]  # [P, V]
         return Prefilled(cache, mask, logits, list(groups))
 
     def begin(self, pre: Prefilled, n: int, rng_keys: list[int], limits: list[int]) -> Batch:
@@ -93,7 +98,7 @@ class TargetSampler:
         """Feed every sequence's pending token and sample its next one."""
         batch.mask = torch.cat([batch.mask, batch.mask.new_ones(batch.size, 1)], dim=1)  # [B, L+1]
         logits = forward(self.model, self.role, batch.pending[:, None], batch.mask, batch.cache, batch.group,
-                         self.meter, counted=batch.alive)
+                         self.work, counted=batch.alive)
         self._sample_into(batch, logits[:, -1])
 
     def _sample_into(self, batch: Batch, logits: torch.Tensor) -> None:

@@ -1,16 +1,20 @@
 """The hf engine (models.engine: hf): Winnow's own engine on transformers.
 
 `HfEngine` loads the target (and the draft, where the method or its sampler needs one) on the actor's device and
-says what a prompt's sequences may take in memory. `HfDecoder` is a candidate pool's decoder on it
-(`workers.pool.decoder.Decoder`): one `Batch` decoded by the target sampler or the speculative sampler
-(`workers.decoding`), prompts joining it as memory frees (`admit`), rejected sequences dropped by selection.
-The draft/target methods that are not candidate pools (beam, MJSD, CDSL, CDLH) run on the same loaded models
-(`workers.methods`), in chunks of prompts that fit in memory (`memory_chunks`).
+reads the memory a batch may take (`kv_space`). `MemoryModel` says what a prompt's sequences may take at their
+peak: one rule, which a decoder holds as its own and the engine uses to chunk prompts. `HfDecoder` is a candidate
+pool's decoder on the loaded models (`workers.pool.decoder.Decoder`): one `Batch` decoded by the target sampler or
+the speculative sampler (`workers.decoding`), prompts joining it as memory frees, rejected sequences dropped by
+selection; built from a context alone (`HfDecoder(ctx, params)`), the same way by the actor's engine and by
+`workers.methods.run_method`. The draft/target methods that are not candidate pools (beam, MJSD, CDSL, CDLH) run on
+the same loaded models (`workers.methods`), in chunks of prompts that fit in memory (`memory_chunks`).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
@@ -18,6 +22,7 @@ import torch
 from schemas.config import JobConfig
 from schemas.methods import MethodParams
 from workers.accounting.memory import device_free_bytes, free_memory_bytes, share_bytes
+from workers.accounting.work import Work
 from workers.loading import load_causal_lm, pick_device
 from workers.candidates import PromptInput
 from workers.context import Context
@@ -26,8 +31,7 @@ from workers.decoding.kvcache import context_length, model_kv_bytes, storage_col
 from workers.decoding.shared_prefix import shares_exactly, worth_sharing
 from workers.decoding.speculative import SpeculativeSampler
 from workers.decoding.target import TargetSampler
-from workers.pool.decoder import Key, Seq
-from workers.pool.loop import start_thread
+from workers.pool.decoder import Key, Seq, StepOutput
 from workers.scoring.protocol import Scorer
 
 log = logging.getLogger(__name__)
@@ -76,6 +80,54 @@ def pad_token_id(tokenizer, eos_ids: list[int]) -> int:
     return int(pad if pad is not None else eos_ids[0])
 
 
+@dataclass(frozen=True)
+class MemoryModel:
+    """What a prompt's running sequences may take on the hf engine at their peak (`need`): the rule of a pool's
+    admission (its decoder's own) and of the chunks of the methods with a loop of their own (the engine's).
+
+    `kv_bytes_per_token`: the KV cache of one token of one sequence, of every model that keeps one (the target, and
+    the draft where it decodes beside it); `shares`: a prompt's cache may be held once for its candidates (a
+    candidate pool's target sampler, where the target shares exactly and it is worth it); `reward_kv_bytes_per_token`:
+    what a reward session keeps per token of a running candidate between decisions (Speculative Rejection's)."""
+
+    target: torch.nn.Module
+    kv_bytes_per_token: int
+    vocab: int
+    shares: bool
+    reward_kv_bytes_per_token: int = 0
+
+    @classmethod
+    def of(cls, target: torch.nn.Module, draft: torch.nn.Module | None, params: MethodParams,
+           reward: Scorer | None = None) -> "MemoryModel":
+        """The model of a method's sequences on `target` (and `draft`, where it decodes beside it), with `reward`'s
+        session caches where the method decides (a pool that scores its running candidates again)."""
+        kv = model_kv_bytes(target) + (model_kv_bytes(draft) if draft is not None else 0)
+        session = reward.session_kv_bytes_per_token if params.decides() and reward is not None else 0
+        return cls(target, kv, target.get_output_embeddings().weight.shape[0], draft is None and params.pool,
+                   session or 0)
+
+    def need(self, prompt: PromptInput, rows: int, kv_tokens: int | None = None) -> int:
+        """Bytes `rows` running sequences of a prompt may take at their peak (`batch_memory_need`), their KV cache
+        within `kv_tokens` tokens when given (a Speculative Rejection prompt's KV space: the responses then share
+        what is left after the prompt), with the reward session's caches."""
+        new = prompt.limit
+        if kv_tokens is not None:
+            new = min(new, -(-max(0, kv_tokens - len(prompt.ids)) // rows) + 1)
+        device = next(self.target.parameters()).device
+        shared = self.shares and worth_sharing(len(prompt.ids), rows, self.kv_bytes_per_token, device) and \
+            shares_exactly(self.target)
+        need = batch_memory_need(rows, len(prompt.ids), new, self.kv_bytes_per_token, self.vocab, shared)
+        if self.reward_kv_bytes_per_token:
+            # the reward session keeps each running candidate's reward-model cache from one decision to the next
+            need += rows * storage_columns(len(prompt.ids) + new) * self.reward_kv_bytes_per_token
+        return need
+
+
+def start_thread(fn: Callable[[], None]) -> None:
+    """Serve a decoding loop in a thread of its own (the hf engine's models may be stepped from any thread)."""
+    threading.Thread(target=fn, name="winnow-decode-loop", daemon=True).start()
+
+
 class HfEngine:
     """The target and draft of a job, loaded with transformers on the actor's device."""
 
@@ -94,9 +146,6 @@ class HfEngine:
         self.eos_ids = eos_token_ids(getattr(self.target, "generation_config", None), self.tokenizer)
         self.pad_id = pad_token_id(self.tokenizer, self.eos_ids)
         self.context_length = context_length(self.target.config)
-        self.vocab = self.target.get_output_embeddings().weight.shape[0]
-        self.kv_bytes_per_token = model_kv_bytes(self.target) + (
-            model_kv_bytes(self.draft) if self.draft is not None else 0)
 
     # -- memory ------------------------------------------------------------------------------------------------------
     def kv_space(self) -> int:
@@ -118,29 +167,11 @@ class HfEngine:
                 "actor a larger share")
         return int((free_memory_bytes(self.device) if room is None else room) * MEMORY_FRACTION)
 
-    def sequences_need(self, prompt: PromptInput, rows: int, params: MethodParams, reward: Scorer | None = None,
-                       kv_tokens: int | None = None) -> int:
-        """Bytes `rows` running sequences of a prompt may take at their peak (`batch_memory_need`) under a method's
-        parameters, their KV cache within `kv_tokens` tokens when given (a Speculative Rejection prompt's KV space:
-        the responses then share what is left after the prompt); with `reward`'s caches that a session keeps
-        between decisions (Speculative Rejection's)."""
-        new = prompt.limit
-        if kv_tokens is not None:
-            new = min(new, -(-max(0, kv_tokens - len(prompt.ids)) // rows) + 1)
-        # the target sampler shares a prompt's cache across its candidates where that is exact
-        shared = self.draft is None and params.pool and \
-            worth_sharing(len(prompt.ids), rows, self.kv_bytes_per_token, self.device) and shares_exactly(self.target)
-        need = batch_memory_need(rows, len(prompt.ids), new, self.kv_bytes_per_token, self.vocab, shared)
-        if params.decides() and reward is not None and reward.session_kv_bytes_per_token:
-            # the reward session keeps each running candidate's reward-model cache from one decision to the next
-            need += rows * storage_columns(len(prompt.ids) + new) * reward.session_kv_bytes_per_token
-        return need
-
     def memory_need(self, prompt: PromptInput, params: MethodParams, reward: Scorer | None = None) -> int:
-        """Bytes one prompt's sequences may take at their peak, all its candidates running (`sequences_need`):
-        with the memory schedule, within the prompt's KV space."""
+        """Bytes one prompt's sequences may take at their peak, all its candidates running (`MemoryModel.need`, the
+        rule its decoder admits it by): with the memory schedule, within the prompt's KV space."""
         kv_tokens = None if params.kv_grows() else len(prompt.ids) + params.kv_space_candidates() * prompt.limit
-        return self.sequences_need(prompt, params.candidates(), params, reward, kv_tokens)
+        return MemoryModel.of(self.target, self.draft, params, reward).need(prompt, params.candidates(), kv_tokens)
 
     def memory_chunks(self, prompts: list[PromptInput], params: MethodParams, reward: Scorer | None = None,
                       budget: int | None = None) -> list[list[int]]:
@@ -180,12 +211,11 @@ class HfEngine:
         """Run a decoding loop's function in a thread of its own (`workers.pool.loop`)."""
         start_thread(fn)
 
-    def decoder(self, ctx: Context, params: MethodParams, reward: Scorer | None = None) -> "HfDecoder":
-        """A candidate pool's decoder for a method's parameters, on this engine's models, with the memory budget
-        read now as its KV space and models.max_num_seqs as its width."""
-        return HfDecoder(ctx, params.candidates(),
-                         lambda p, rows, kv_tokens: self.sequences_need(p, rows, params, reward, kv_tokens),
-                         self.kv_space(), self.config.models.width(params.candidates()))
+    def decoder(self, ctx: Context, params: MethodParams) -> "HfDecoder":
+        """A candidate pool's decoder for a method's parameters, on the context's models, with the context's KV
+        space and width (`Runner.context_for`: this engine's KV space read when the context was made, and
+        models.max_num_seqs): what `workers.methods.run_method` builds from the same context."""
+        return HfDecoder(ctx, params)
 
     def synchronize(self) -> None:
         if self.device.type == "cuda":
@@ -196,35 +226,38 @@ class HfDecoder:
     """A candidate pool's sequences (n candidates per prompt) in one `Batch` on the hf engine
     (`workers.pool.decoder.Decoder`), sampled by `ctx.sampling`'s sampler.
 
-    What a prompt's running sequences may take is `need(prompt, rows, kv_tokens)` bytes (`HfEngine.sequences_need`;
-    without it, their KV cache at full length and their logits); the pool starts prompts while the running ones'
-    fit in `space` and their sequences in `width`. The target sampler lets prompts join the batch while it decodes
-    (`Batch.extend`); the speculative sampler's prompts start together, as many as fit, and the next ones once the
-    batch is empty (`joins`).
+    What a prompt's running sequences may take is `need(prompt, rows, kv_tokens)` bytes, by the decoder's own
+    memory model (`MemoryModel`, of its sampler's models and the context's reward); the pool starts prompts while
+    the running ones' fit in the KV space (`ctx.kv_space`) and their sequences in the width (`ctx.width`). The target
+    sampler lets prompts join the batch while it decodes (`Batch.extend`); the speculative sampler's prompts start
+    together, as many as fit, and the next ones once the batch is empty (`joins`).
 
-    A prefill here is a batched forward of its own, which a device bills about as a decoding step (and the meter
-    counts as one, of one row per prompt). So the target sampler prefills the prompts that wait (`wait`) ahead of
-    their start, many in one forward (those AHEAD_FRACTION of the KV space and AHEAD_TOKENS hold), and a start
+    A prefill here is a batched forward of its own, which a device bills about as a decoding step (and a start's
+    output records as one, of one row per prompt). So the target sampler prefills the prompts that wait (`wait`)
+    ahead of their start, many in one forward (those AHEAD_FRACTION of the KV space and AHEAD_TOKENS hold), and a start
     takes its prompts' caches and first logits from them with no forward of its own (`TargetSampler.begin`);
     the pool counts what they hold (`waiting_bytes`) in its KV space."""
 
     AHEAD_FRACTION = 1 / 16  # of the KV space, the most the prompts prefilled ahead hold
     AHEAD_TOKENS = 8192  # prompts x longest prompt, the most one prefill forward feeds beyond the prompts starting
 
-    def __init__(self, ctx: Context, n: int, need: Callable[[PromptInput, int, int | None], int] | None = None,
-                 space: int | None = None, width: int | None = None):
-        """`space`: the pool's KV space in bytes (None: the device's free memory, read when asked); `width`: most
-        sequences a step runs (None: no bound beyond the space)."""
-        self.ctx, self.n, self._need, self.space = ctx, n, need, space
-        self.width = width if width is not None else 2**62
+    def __init__(self, ctx: Context, params: MethodParams):
+        """The decoder of a pool method's parameters (`params.candidates()` per prompt) on `ctx`'s models, its KV
+        space `ctx.kv_space` (None: the device's free memory, read when asked) and its width `ctx.width` (None: no
+        bound beyond the space)."""
+        self.ctx, self.n, self.space = ctx, params.candidates(), ctx.kv_space
+        self.width = ctx.width if ctx.width is not None else 2**62
         self.device = next(ctx.target.parameters()).device
         if ctx.sampling.sampler == "speculative":
             if ctx.draft is None:
                 raise ValueError("models.draft: required by the speculative sampler")
             self.sampler = SpeculativeSampler(ctx.target, ctx.draft, ctx.sampling.gamma, ctx.pad_id, ctx.eos_ids,
-                                              ctx.warp, ctx.seed, ctx.meter)
+                                              ctx.warp, ctx.seed)
+            draft = ctx.draft
         else:
-            self.sampler = TargetSampler(ctx.target, ctx.pad_id, ctx.eos_ids, ctx.warp, ctx.seed, ctx.meter)
+            self.sampler = TargetSampler(ctx.target, ctx.pad_id, ctx.eos_ids, ctx.warp, ctx.seed)
+            draft = None
+        self.memory = MemoryModel.of(ctx.target, draft, params, ctx.reward)
         self.joins = self.sampler.admits
         self.ahead = isinstance(self.sampler, TargetSampler)  # whether prompts are prefilled before they start
         self.queue: list[tuple[int, PromptInput]] = []  # the prompts that wait, in the order they will start
@@ -241,11 +274,7 @@ class HfDecoder:
         return self.batch is not None and self.batch.size > 0
 
     def need(self, prompt: PromptInput, rows: int, kv_tokens: int | None = None) -> int:
-        if self._need is not None:
-            return self._need(prompt, rows, kv_tokens)
-        tokens = len(prompt.ids) + rows * prompt.limit
-        kv = tokens if kv_tokens is None else min(tokens, kv_tokens)
-        return batch_memory_need(rows, 0, 0, self.kv_bytes_per_token, self.vocab) + kv * self.kv_bytes_per_token
+        return self.memory.need(prompt, rows, kv_tokens)
 
     def wait(self, groups: list[int], prompts: list[PromptInput]) -> None:
         self.queue += zip(groups, prompts)
@@ -255,14 +284,15 @@ class HfDecoder:
         (a start copies its prompts' rows out)."""
         return self.ready.nbytes() if self.ready is not None else 0
 
-    def start(self, groups: list[int], prompts: list[PromptInput]) -> None:
+    def start(self, groups: list[int], prompts: list[PromptInput]) -> StepOutput:
+        work = Work()
         if not self.ahead:  # the speculative sampler: prefilled at their start, the draft too
             self.queue = [(g, p) for g, p in self.queue if g not in groups]
-            self._prefilled(groups)
+            self._prefilled(groups, work)
             new = self.sampler.prefill([p.ids for p in prompts], self.n, [p.rng_key for p in prompts],
                                        [p.limit for p in prompts], first_group=groups[0])
         else:
-            new = self.sampler.begin(self._take(groups), self.n, [p.rng_key for p in prompts],
+            new = self.sampler.begin(self._take(groups, work), self.n, [p.rng_key for p in prompts],
                                      [p.limit for p in prompts])
         self.prompts.update(zip(groups, prompts))
         b = self.batch
@@ -270,20 +300,22 @@ class HfDecoder:
             self.batch = new
         else:
             b.extend(new, self.ctx.pad_id)
+        return StepOutput(self._finished(), work.add(self.sampler.take_work()))
 
-    def _prefilled(self, groups: list[int]) -> None:
+    @staticmethod
+    def _prefilled(groups: list[int], work: Work) -> None:
         """A prefill of prompts `groups` was a batched forward of its own, one row per prompt: a step a device bills
         like any other."""
-        self.ctx.meter.count_step(torch.tensor(groups), torch.ones(len(groups), dtype=torch.long))
+        work.step(torch.tensor(groups), torch.ones(len(groups), dtype=torch.long))
 
-    def _take(self, groups: list[int]) -> Prefilled:
+    def _take(self, groups: list[int], work: Work) -> Prefilled:
         """Prompts `groups` (the first that wait, in order) prefilled: taken from those prefilled ahead (copied out,
         the others left in place), the rest prefilled now in one forward with the prompts that wait after them, as
         many as AHEAD_FRACTION of the KV space and AHEAD_TOKENS hold (the ones that start now whatever they hold)."""
         if [g for g, _ in self.queue[: len(groups)]] != list(groups):
             raise RuntimeError(f"HfDecoder: prompts {groups} start out of their order {[g for g, _ in self.queue]}")
         if self._ready_rows() < len(groups):
-            more = self._prefill_ahead(len(groups) - self._ready_rows())
+            more = self._prefill_ahead(len(groups) - self._ready_rows(), work)
             if self._ready_rows():
                 more = self.ready.take(list(range(self.ready_from, len(self.ready.groups)))).join(more)
             self.ready, self.ready_from = more, 0
@@ -297,7 +329,7 @@ class HfDecoder:
     def _ready_rows(self) -> int:
         return len(self.ready.groups) - self.ready_from if self.ready is not None else 0
 
-    def _prefill_ahead(self, least: int) -> Prefilled:
+    def _prefill_ahead(self, least: int, work: Work) -> Prefilled:
         """Prefill the first prompts that wait and are not prefilled yet: at least `least` of them, then more while
         their caches and logits stay within AHEAD_FRACTION of the KV space and the forward within AHEAD_TOKENS
         (prompts x the longest)."""
@@ -314,12 +346,13 @@ class HfDecoder:
                 break
             take, held, longest = take + 1, held + bytes_, wider
         groups = [g for g, _ in todo[:take]]
-        self._prefilled(groups)
+        self._prefilled(groups, work)
         return self.sampler.encode([p.ids for _, p in todo[:take]], groups)
 
-    def step(self) -> None:
+    def step(self) -> StepOutput:
         if self._running():
             self.sampler.step(self.batch)
+        return StepOutput(self._finished(), self.sampler.take_work())
 
     @staticmethod
     def _seqs(b: Batch, idx: torch.Tensor | None = None) -> list[Seq]:
@@ -332,7 +365,8 @@ class HfDecoder:
         return [Seq(key, t[:k], lp) for key, t, k, lp in zip(zip(group.tolist(), cand.tolist()), tokens.tolist(),
                                                             length.tolist(), logprob.tolist())]
 
-    def finished(self) -> list[Seq]:
+    def _finished(self) -> list[Seq]:
+        """The sequences that finished since the last call (their rows marked dead: they leave at a compaction)."""
         b = self.batch
         if b is None:
             return []
@@ -360,14 +394,15 @@ class HfDecoder:
                 out.setdefault(g, []).append(length)
         return out
 
-    def drop(self, keys: Sequence[Key]) -> None:
+    def drop(self, keys: Sequence[Key]) -> Work:
         if not keys:
-            return
+            return Work()
         b = self.batch
         gone = set(keys)
         rows = [r for r, key in enumerate(zip(b.group.tolist(), b.cand.tolist())) if key in gone]
         b.alive[torch.tensor(rows, dtype=torch.long, device=b.alive.device)] = False
         b.compact()
+        return Work()
 
     def kv_space(self) -> int | None:
         """The pool's KV space: as given, else the device's free memory (the host's available memory on CPU)."""

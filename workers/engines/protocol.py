@@ -3,8 +3,9 @@ on transformers; vllm: one vLLM engine per actor) and the actor's wiring (`worke
 nothing outside an engine's own module asks which engine it is.
 
 An engine holds the target (and the draft, on hf) on the actor's device, says what its tokenizer and stop tokens
-are, makes a candidate pool's decoder (`workers.pool.decoder.Decoder`), and serves the decoding loop in the thread
-that may step it.
+are and how much memory a pool's sequences may take, makes a candidate pool's decoder
+(`workers.pool.decoder.Decoder`), and runs the decoding loop (`workers.pool.loop.Loop.serve`) in the thread that may
+step it.
 """
 
 from __future__ import annotations
@@ -35,8 +36,12 @@ class Engine(Protocol):
     def serve(self, fn: Callable[[], None]) -> None:
         """Run a decoding loop's function in the thread that steps this engine."""
 
-    def decoder(self, ctx: Context, params, reward: Scorer | None = None) -> Decoder:
-        """A candidate pool's decoder for a pool method's parameters (schemas.methods)."""
+    def kv_space(self) -> int | None:
+        """The bytes a pool's sequences may take now (None where it cannot be read): read when a pool's context is
+        made (`Context.kv_space`)."""
+
+    def decoder(self, ctx: Context, params) -> Decoder:
+        """A candidate pool's decoder for a pool method's parameters (schemas.methods), with the context's memory."""
 
     def check(self, prompts: list[PromptInput], params, reward: Scorer | None = None) -> None:
         """Raise before a call when one of its prompts cannot run on this engine alone (its memory)."""

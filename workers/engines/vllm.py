@@ -14,10 +14,11 @@ The pool itself (admission, schedules, scoring, the cut, results, cost) is `work
 engine; the reward is scored where models.reward.engine says. What vLLM adds is bookkeeping: request ids, outputs,
 aborts, and the engine's KV blocks, which bound what the pool starts.
 
-Cost counters (docs/vllm.md): a step counts one forward for every prompt with requests in it, and each of its
-requests one token (its prompt's tokens too at its first step); when a request's output comes (every step for a
-pool that reads running tokens, once it finishes otherwise) its count is settled to the exact one: its prompt
-tokens not served by the prefix cache plus its sampled tokens. The step's time is shared by the counted tokens.
+Cost counts (docs/vllm.md), handed back with each step's output (a `Work`): a step counts one forward for every
+prompt with requests in it, and each of its requests one token (its prompt's tokens too at its first step); when a
+request's output comes (every step for a pool that reads running tokens, once it finishes otherwise) its count is
+settled to the exact one: its prompt tokens not served by the prefix cache plus its sampled tokens. The step's time
+is shared by the counted tokens.
 """
 
 from __future__ import annotations
@@ -33,12 +34,13 @@ import torch
 from schemas.config import JobConfig
 from schemas.methods import MethodParams
 from stores.model_folders import CAUSAL_LM
+from workers.accounting.work import Work
 from workers.candidates import PromptInput
 from workers.context import Context
 from workers.decoding.kvcache import context_length, kv_bytes_per_token
 from workers.engines.hf import eos_token_ids, pad_token_id
 from workers.loading import checkpoint_dtype, local_model_folder, pick_device, pick_dtype, remote_code_guard
-from workers.pool.decoder import Key, Seq
+from workers.pool.decoder import Key, Seq, StepOutput
 from workers.scoring.protocol import Scorer
 from workers.vllm_runtime import (
     CPU_BLOCK_SIZE,
@@ -185,7 +187,11 @@ class VllmEngine:
         """Nothing to check before a call: a prompt's candidates fit in one step by validation (method.n <=
         models.max_num_seqs), and the pool starts no more than the KV cache holds."""
 
-    def decoder(self, ctx: Context, params: MethodParams, reward: Scorer | None = None) -> "VllmDecoder":
+    def kv_space(self) -> int:
+        """The engine's KV cache in bytes."""
+        return self.num_blocks * self.block_size * self.kv_bytes_per_token
+
+    def decoder(self, ctx: Context, params: MethodParams) -> "VllmDecoder":
         return VllmDecoder(self, ctx, params)
 
     def memory_chunks(self, prompts: list[PromptInput], params: MethodParams, reward: Scorer | None = None
@@ -258,7 +264,8 @@ class VllmDecoder:
     def waiting_bytes(self) -> int:
         return 0
 
-    def start(self, groups: list[int], prompts: list[PromptInput]) -> None:
+    def start(self, groups: list[int], prompts: list[PromptInput]) -> StepOutput:
+        """Add every candidate's request; nothing runs until the next step (its prefill rides inside it)."""
         for g, p in zip(groups, prompts):
             self.prompts[g] = p
             for c in range(self.n):
@@ -267,17 +274,19 @@ class VllmDecoder:
                 self.requests[rid] = key
                 self.tokens[key], self.logprobs[key], self.counted[key], self.exact[key] = [], 0.0, 0, 0
                 self.llm.add_request(rid, {"prompt_token_ids": list(p.ids)}, self.params(p, c))
+        return StepOutput([], Work())
 
-    def step(self) -> None:
+    def step(self) -> StepOutput:
+        work = Work()
         if not self.llm.has_unfinished_requests():
-            return
+            return StepOutput([], work)
         live = list(self.requests.values())
         if live:  # one forward for each prompt with requests in this step; a token for each request
-            work = [1 + (0 if k in self.stepped else len(self.prompts[k[0]].ids)) for k in live]
-            for k, w in zip(live, work):
+            tokens = [1 + (0 if k in self.stepped else len(self.prompts[k[0]].ids)) for k in live]
+            for k, w in zip(live, tokens):
                 self.counted[k] += w
             self.stepped.update(live)
-            self.ctx.meter.count_forward("target", torch.tensor([k[0] for k in live]), torch.tensor(work))
+            work.forward("target", torch.tensor([k[0] for k in live]), torch.tensor(tokens))
         for out in self.llm.step():
             key = self.requests.get(out.request_id)
             if key is None:
@@ -292,18 +301,16 @@ class VllmDecoder:
             if out.finished:
                 if o.finish_reason not in ("stop", "length"):
                     raise RuntimeError(f"vLLM ended request {out.request_id} with finish reason {o.finish_reason!r}")
-                self._leave(key)
+                self._leave(key, work)
                 self.done.append(Seq(key, self.tokens[key], self.logprobs[key]))
+        out, self.done = sorted(self.done), []  # in key order, whatever order the engine's outputs came in
+        return StepOutput(out, work)
 
-    def _leave(self, key: Key) -> None:
+    def _leave(self, key: Key, work: Work) -> None:
         """A sequence stops running: its request is gone, its counted tokens settled to the exact count."""
         del self.requests[self.rid(key)]
-        self.ctx.meter.settle("target", key[0], self.exact.pop(key) - self.counted.pop(key))
+        work.settle("target", key[0], self.exact.pop(key) - self.counted.pop(key))
         self.stepped.discard(key)
-
-    def finished(self) -> list[Seq]:
-        out, self.done = sorted(self.done), []  # in key order, whatever order the engine's outputs came in
-        return out
 
     def running(self) -> list[Seq]:
         return [Seq(k, list(self.tokens[k]), self.logprobs[k]) for k in sorted(self.requests.values())]
@@ -314,15 +321,17 @@ class VllmDecoder:
             out.setdefault(key[0], []).append(len(self.tokens[key]))
         return out
 
-    def drop(self, keys: Sequence[Key]) -> None:
+    def drop(self, keys: Sequence[Key]) -> Work:
+        work = Work()
         if keys:
             self.llm.abort_request([self.rid(k) for k in keys])
             for k in keys:
-                self._leave(k)
+                self._leave(k, work)
+        return work
 
     def kv_space(self) -> int:
         """The engine's KV cache."""
-        return self.engine.num_blocks * self.engine.block_size * self.engine.kv_bytes_per_token
+        return self.engine.kv_space()
 
     def stats(self, group: int) -> dict:
         return {}

@@ -1,11 +1,14 @@
 """Running a method on the hf engine's loaded models, from its parameters: `run_method(ctx, params, prompts) ->
-list[MethodResult]`, one result per prompt, in order; `params` is the method's own section of the config (a class
-of schemas.methods).
+(results, work)`, one `MethodResult` per prompt, in order, and what running them ran (a `Work`: forwards and tokens
+per prompt, for the caller to charge); `params` is the method's own section of the config (a class of
+schemas.methods).
 
 A candidate-pool method (the `pool` ability: best_of_n, speculative_rejection, greedy, nucleus,
-speculative_decoding) is decoded by `workers.pool` on an `HfDecoder`, its prompts all started together (the actor
+speculative_decoding) is decoded by `workers.pool` on an `HfDecoder` built from the context as the actor's engine
+builds it (its memory model, the context's KV space and width), its prompts admitted by the same rule (the actor
 runs them through its decoding loop instead, `workers.pool.loop`). The others are functions of this package, one
-entry each in `OWN_LOOP`: beam search, MJSD, CDSL and its CDLH baselines.
+entry each in `OWN_LOOP`, each returning its results and its work the same way: beam search, MJSD, CDSL and its
+CDLH baselines.
 
 The quality measures of `workers.methods.measures` (constraint satisfaction when the prompt has concepts, perplexity
 of the returned response under the target) are not part of a method: they are added after the batch's cost window
@@ -14,6 +17,7 @@ has closed, so their forward is not billed.
 
 from __future__ import annotations
 
+from workers.accounting.work import Work
 from workers.candidates import MethodResult, PromptInput
 from workers.context import Context
 from workers.engines.hf import HfDecoder
@@ -23,7 +27,7 @@ from workers.methods.mjsd import mjsd
 from workers.pool.pool import Pool, decode
 
 # The methods that decode with a loop of their own (not a candidate pool), by name: fn(ctx, params, prompts) ->
-# list[MethodResult].
+# (list[MethodResult], Work).
 OWN_LOOP = {
     "beam": beam,
     "mjsd": mjsd,
@@ -33,12 +37,12 @@ OWN_LOOP = {
 }
 
 
-def run_method(ctx: Context, params, prompts: list[PromptInput]) -> list[MethodResult]:
+def run_method(ctx: Context, params, prompts: list[PromptInput]) -> tuple[list[MethodResult], Work]:
     """The method of `params` on `prompts`, decoded as one batch on the hf engine's models in `ctx` (with the
-    method's own sampling, `Context.for_method`)."""
+    method's own sampling, `Context.for_method`), and what it ran."""
     ctx = ctx.for_method(params)
     if params.pool:
-        return decode(Pool.for_method(ctx, HfDecoder(ctx, params.candidates()), params), prompts)
+        return decode(Pool.for_method(ctx, HfDecoder(ctx, params), params), prompts)
     try:
         run = OWN_LOOP[params.name]
     except KeyError:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from schemas.methods import Beam
+from workers.accounting.work import Work
 from workers.decoding.batch import left_pad
 from workers.decoding.kvcache import new_cache
 from workers.candidates import Candidate, MethodResult, PromptInput
@@ -29,8 +30,10 @@ NEG = -1.0e9  # the score of an empty slot, as in transformers
 
 
 @torch.inference_mode()
-def run_beam(ctx: Context, prompts: list[PromptInput], num_beams: int, length_penalty: float) -> list[MethodResult]:
-    model, meter = ctx.target, ctx.meter
+def run_beam(ctx: Context, prompts: list[PromptInput], num_beams: int, length_penalty: float
+             ) -> tuple[list[MethodResult], Work]:
+    """Each prompt's best beam, and what the search and its scoring ran."""
+    model, work = ctx.target, Work()
     dev = next(model.parameters()).device
     eos = torch.tensor(sorted(set(ctx.eos_ids)), dtype=torch.long, device=dev)
     p_count, m = len(prompts), num_beams
@@ -41,7 +44,7 @@ def run_beam(ctx: Context, prompts: list[PromptInput], num_beams: int, length_pe
     group = torch.arange(p_count, device=dev)  # prompts still searching
     side = Side(model, "target", new_cache(model.config), mask.new_zeros(p_count, 0),
                 torch.zeros(p_count, dtype=torch.long, device=dev))
-    logits = side.feed(ids, mask.bool(), group, meter, tally)[:, -1]  # [P, V]
+    logits = side.feed(ids, mask.bool(), group, work, tally)[:, -1]  # [P, V]
     side.repeat(m)
     logits = logits.repeat_interleave(m, 0)  # [P*M, V]
     v = logits.shape[-1]
@@ -103,19 +106,20 @@ def run_beam(ctx: Context, prompts: list[PromptInput], num_beams: int, length_pe
             fin_len, fin_done = fin_len[go], fin_done[go]
         b = group.numel()
         tokens = run_seq[:, :, t - 1].reshape(b * m, 1)
-        logits = side.feed(tokens, torch.ones_like(tokens, dtype=torch.bool), group.repeat_interleave(m), meter,
+        logits = side.feed(tokens, torch.ones_like(tokens, dtype=torch.bool), group.repeat_interleave(m), work,
                            tally)[:, -1]
 
     cands = [Candidate(answers[g], ctx.finish_reason(answers[g])) for g in range(p_count)]
-    rewards = ctx.score([ctx.scored(g, p, c.tokens) for g, (p, c) in enumerate(zip(prompts, cands))])
+    rewards, ran = ctx.score([ctx.scored(g, p, c.tokens) for g, (p, c) in enumerate(zip(prompts, cands))])
+    work.add(ran)
     results = []
     for g, (c, r) in enumerate(zip(cands, rewards)):
         c.text, c.reward = ctx.decode(c.tokens), r
         tally.c["generated"][g] = len(c.tokens)
         stats = {"generated_tokens": len(c.tokens), "finished_candidates": 1, **tally.stats(g, speculative=False)}
         results.append(MethodResult([c], 0, stats))
-    return results
+    return results, work
 
 
-def beam(ctx: Context, params: Beam, prompts: list[PromptInput]) -> list[MethodResult]:
+def beam(ctx: Context, params: Beam, prompts: list[PromptInput]) -> tuple[list[MethodResult], Work]:
     return run_beam(ctx, prompts, params.num_beams, params.length_penalty)

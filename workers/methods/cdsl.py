@@ -33,7 +33,7 @@ from __future__ import annotations
 import torch
 
 from schemas.methods import CDLH, CDSL, CDLHAppx
-from workers.accounting.cost import Meter
+from workers.accounting.work import Work
 from workers.candidates import MethodResult, PromptInput
 from workers.context import Context
 from workers.methods.draft_target import decode_batch, finish, score_sequences
@@ -55,7 +55,7 @@ def cdsl_states(n: torch.Tensor, d: int, r: torch.Tensor, a_t: float, r_t: float
 
 def rollout(
     side: Side, seq: torch.Tensor, seq_len: torch.Tensor, live: torch.Tensor, d: int, eos: torch.Tensor,
-    group: torch.Tensor, meter: Meter, tally: DecodeTally | None,
+    group: torch.Tensor, work: Work, tally: DecodeTally | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Greedy lookahead: bring `live` sequences to context seq (tokens after the side's n_in), then d greedy tokens
     (d forwards; a sequence stops after an EOS). Returns lookahead [B, d], its lengths [B], and the logits after the
@@ -65,7 +65,7 @@ def rollout(
     lh_len = torch.zeros(b, dtype=torch.long, device=seq.device)
     if not bool(live.any()):
         return lh, lh_len, None
-    logits = side.extend_to(seq, seq_len, live, group, meter, tally)[:, -1]  # [B, V]
+    logits = side.extend_to(seq, seq_len, live, group, work, tally)[:, -1]  # [B, V]
     first = logits
     live = live.clone()
     for j in range(d):
@@ -75,7 +75,7 @@ def rollout(
         live &= ~torch.isin(tok, eos)
         if j + 1 == d or not bool(live.any()):
             break
-        logits = side.feed(tok[:, None], live[:, None], group, meter, tally)[:, -1]
+        logits = side.feed(tok[:, None], live[:, None], group, work, tally)[:, -1]
     return lh, lh_len, first
 
 
@@ -83,7 +83,7 @@ def best_lookahead_token(
     ctx: Context, prompts: list[PromptInput], batch: SpecBatch, side: Side, s_logits: torch.Tensor,
     prefix: torch.Tensor,
     prefix_len: torch.Tensor, ext: torch.Tensor, ext_len: torch.Tensor, select: torch.Tensor, k: int, d: int,
-    eos: torch.Tensor, tally: DecodeTally,
+    eos: torch.Tensor, tally: DecodeTally, work: Work,
 ) -> torch.Tensor:
     """One CDLH token for the sequences `select` marks, with lookaheads from `side` (a throwaway fork of it).
 
@@ -99,10 +99,10 @@ def best_lookahead_token(
     one = torch.ones_like(rep)
     f = side.fork(rep)
     seq, seq_len = ragged_cat(prefix[rep], prefix_len[rep], flat, one)
-    lh, lh_len, _ = rollout(f, seq, seq_len, ~torch.isin(flat[:, 0], eos), d, eos, batch.group[rep], ctx.meter, tally)
+    lh, lh_len, _ = rollout(f, seq, seq_len, ~torch.isin(flat[:, 0], eos), d, eos, batch.group[rep], work, tally)
     full, full_len = ragged_cat(ext[rep], ext_len[rep], flat, one)
     full, full_len = ragged_cat(full, full_len, lh, lh_len)
-    r = score_sequences(ctx, prompts, batch, rep, full, full_len).view(-1, k)  # [R, k]
+    r = score_sequences(ctx, prompts, batch, rep, full, full_len, work).view(-1, k)  # [R, k]
     best = r.argmax(-1)  # the first maximum: the more likely candidate on ties
     out[idx] = cands[torch.arange(idx.numel(), device=idx.device), best]
     return out
@@ -111,7 +111,7 @@ def best_lookahead_token(
 def step_one(
     ctx: Context, prompts: list[PromptInput], batch: SpecBatch, t: Side, dr: Side, after_n: torch.Tensor,
     x: torch.Tensor, n: torch.Tensor, select: torch.Tensor, b: int, d: int, r_t: float, eos: torch.Tensor,
-    tally: DecodeTally,
+    tally: DecodeTally, work: Work,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Step 1 of S2/S3 (Algorithm 1, lines 30-43) for the sequences `select` marks. after_n [B, V]: the target's
     logits after x_1..x_n. Returns X [B, b], its accepted length [B] and whether step 1 found tokens [B]."""
@@ -130,16 +130,16 @@ def step_one(
         width = torch.full_like(n, i + 1)
         if i > 0:
             seq, seq_len = ragged_cat(t_ctx, t_ctx_len, X, torch.full_like(n, i))
-            logits = t.extend_to(seq, seq_len, searching, batch.group, ctx.meter, tally)[:, -1]
+            logits = t.extend_to(seq, seq_len, searching, batch.group, work, tally)[:, -1]
             X[:, i] = torch.where(searching, logits.argmax(-1), 0)
         seq, seq_len = ragged_cat(d_ctx, d_ctx_len, X, width)  # lines 34-38: the draft's lookahead
         lh, lh_len, _ = rollout(dr, seq, seq_len, searching & ~torch.isin(X[:, i], eos), d, eos, batch.group,
-                                ctx.meter, tally)
+                                work, tally)
         ext, ext_len = ragged_cat(x, n, X, width)
         ext, ext_len = ragged_cat(ext, ext_len, lh, lh_len)
         idx = searching.nonzero().flatten()
         r = torch.full((bsz,), -torch.inf, dtype=torch.float64, device=dev)
-        r[idx] = score_sequences(ctx, prompts, batch, idx, ext[idx], ext_len[idx])
+        r[idx] = score_sequences(ctx, prompts, batch, idx, ext[idx], ext_len[idx], work)
         hit = searching & (r >= r_t)  # line 39
         found |= hit
         X_len = torch.where(hit, i + 1, X_len)
@@ -150,8 +150,8 @@ def step_one(
 
 
 def step_cdsl(
-    ctx: Context, prompts: list[PromptInput], batch: SpecBatch, tally: DecodeTally, d: int, k: int, a_t: float,
-    r_t: float, b: int, validation: str, eos: torch.Tensor, decide=cdsl_states,
+    ctx: Context, prompts: list[PromptInput], batch: SpecBatch, tally: DecodeTally, work: Work, d: int, k: int,
+    a_t: float, r_t: float, b: int, validation: str, eos: torch.Tensor, decide=cdsl_states,
 ) -> torch.Tensor:
     """One CDSL iteration for every open sequence; returns [B] the states taken (0 for sequences not running).
 
@@ -164,11 +164,11 @@ def step_cdsl(
     active = room_ > 0
     warp = ctx.warp if validation == "sampling" else Warp(temperature=0.0)
     pos0 = batch.length - 1 - batch.offset  # [B] response index of the pending token
-    meter, grp = ctx.meter, batch.group
+    grp = batch.group
 
     # lines 4-8: draft d tokens
     seq, seq_len = dr.backlog(batch.tokens, batch.length)
-    logits = dr.extend_to(seq, seq_len, active, grp, meter, tally)[:, -1]  # [B, V]
+    logits = dr.extend_to(seq, seq_len, active, grp, work, tally)[:, -1]  # [B, V]
     x = torch.zeros(bsz, d, dtype=torch.long, device=dev)
     qs = []
     for i in range(d):
@@ -177,12 +177,12 @@ def step_cdsl(
         x[:, i] = logits.argmax(-1) if warp.greedy else sample(q_i, u)
         qs.append(q_i)
         if i + 1 < d:
-            logits = dr.feed(x[:, i : i + 1], active[:, None], grp, meter, tally)[:, -1]
+            logits = dr.feed(x[:, i : i + 1], active[:, None], grp, work, tally)[:, -1]
 
     # lines 9-20: verify with one target forward; n accepted
     back, back_len = t.backlog(batch.tokens, batch.length)
     seq, seq_len = ragged_cat(back, back_len, x, torch.full_like(back_len, d) * active)
-    L = t.extend_to(seq, seq_len, active, grp, meter, tally, keep=d + 1)  # [B, d+1, V] column i predicts x_{i+1}
+    L = t.extend_to(seq, seq_len, active, grp, work, tally, keep=d + 1)  # [B, d+1, V] column i predicts x_{i+1}
     if validation == "hard":
         ok = L[:, :d].argmax(-1) == x
     else:
@@ -202,7 +202,7 @@ def step_cdsl(
     # line 22: reward of the accepted prefix; lines 24-52: state and action
     idx = active.nonzero().flatten()
     r = torch.zeros(bsz, dtype=torch.float64, device=dev)
-    r[idx] = score_sequences(ctx, prompts, batch, idx, x[idx], n[idx])
+    r[idx] = score_sequences(ctx, prompts, batch, idx, x[idx], n[idx], work)
     state = decide(n, d, r, a_t, r_t) * active
     after_n = L[ar, n]  # [B, V] the target's logits after x_1..x_n
 
@@ -211,14 +211,15 @@ def step_cdsl(
     low_a = active & ~ends & ((state == S2) | (state == S3))
     found = torch.zeros(bsz, dtype=torch.bool, device=dev)
     if b > 0 and bool(low_a.any()):
-        X, X_len, found = step_one(ctx, prompts, batch, t, dr, after_n, x, n, low_a, b, d, r_t, eos, tally)
+        X, X_len, found = step_one(ctx, prompts, batch, t, dr, after_n, x, n, low_a, b, d, r_t, eos, tally, work)
         extra = torch.where(found[:, None], X, extra)
         extra_len = torch.where(found, X_len, extra_len)
     appx = active & ~ends & ((state == S4) | (low_a & ~found))
     if bool(appx.any()):
         d_back, d_back_len = dr.backlog(batch.tokens, batch.length)
         prefix, prefix_len = ragged_cat(d_back, d_back_len, x, n)
-        o = best_lookahead_token(ctx, prompts, batch, dr, after_n, prefix, prefix_len, x, n, appx, k, d, eos, tally)
+        o = best_lookahead_token(ctx, prompts, batch, dr, after_n, prefix, prefix_len, x, n, appx, k, d, eos, tally,
+                                 work)
         extra[:, 0] = torch.where(appx, o, extra[:, 0])
         extra_len = torch.where(appx, 1, extra_len)
 
@@ -237,8 +238,8 @@ def step_cdsl(
 
 
 def step_cdlh(
-    ctx: Context, prompts: list[PromptInput], batch: SpecBatch, tally: DecodeTally, k: int, d: int, approx: bool,
-    eos: torch.Tensor, s_logits: torch.Tensor | None,
+    ctx: Context, prompts: list[PromptInput], batch: SpecBatch, tally: DecodeTally, work: Work, k: int, d: int,
+    approx: bool, eos: torch.Tensor, s_logits: torch.Tensor | None,
 ) -> torch.Tensor | None:
     """One token of CDLH (Algorithm 2; lookaheads by the target) or CDLH-appx (by the draft) for every open sequence.
 
@@ -253,7 +254,7 @@ def step_cdlh(
     active = room_ > 0
     if s_logits is None:  # lines 4-5: s(x) = M_p(pfx)
         seq, seq_len = t.backlog(batch.tokens, batch.length)
-        s_logits = t.extend_to(seq, seq_len, active, batch.group, ctx.meter, tally)[:, -1]
+        s_logits = t.extend_to(seq, seq_len, active, batch.group, work, tally)[:, -1]
     cands = torch.topk(s_logits, k, dim=-1).indices  # [B, k] line 6
     side = dr if approx else t
     side.repeat(k)  # one sequence per candidate; the chosen one is kept below
@@ -263,11 +264,11 @@ def step_cdlh(
     back, back_len = side.backlog(batch.tokens[rep], batch.length[rep])
     seq, seq_len = ragged_cat(back, back_len, flat, one)
     live = active[rep] & ~torch.isin(flat[:, 0], eos)
-    lh, lh_len, first = rollout(side, seq, seq_len, live, d, eos, batch.group[rep], ctx.meter, tally)  # lines 9-16
+    lh, lh_len, first = rollout(side, seq, seq_len, live, d, eos, batch.group[rep], work, tally)  # lines 9-16
     full, full_len = ragged_cat(flat, one, lh, lh_len)
     r = torch.full((bsz * k,), -torch.inf, dtype=torch.float64, device=dev)
     idx = active[rep].nonzero().flatten()
-    r[idx] = score_sequences(ctx, prompts, batch, rep[idx], full[idx], full_len[idx])  # line 17
+    r[idx] = score_sequences(ctx, prompts, batch, rep[idx], full[idx], full_len[idx], work)  # line 17
     best = r.view(bsz, k).argmax(-1)  # lines 18-21 (strict >: the first maximum)
     side.select(ar * k + best)
     m = emit(batch, cands[ar, best][:, None], active.long(), room_, eos)
@@ -287,44 +288,45 @@ def step_cdlh(
 
 @torch.inference_mode()
 def run_cdsl(ctx: Context, prompts: list[PromptInput], d: int, k: int, a_t: float, r_t: float, b: int,
-             validation: str, decide=cdsl_states) -> list[MethodResult]:
+             validation: str, decide=cdsl_states) -> tuple[list[MethodResult], Work]:
     if ctx.draft is None:
         raise ValueError("models.draft: required by method 'cdsl'")
 
-    def step(batch: SpecBatch, tally: DecodeTally, eos: torch.Tensor, kept) -> None:
-        step_cdsl(ctx, prompts, batch, tally, d, k, a_t, r_t, b, validation, eos, decide)
+    def step(batch: SpecBatch, tally: DecodeTally, work: Work, eos: torch.Tensor, kept) -> None:
+        step_cdsl(ctx, prompts, batch, tally, work, d, k, a_t, r_t, b, validation, eos, decide)
 
-    out, tally = decode_batch(ctx, prompts, ctx.draft, step)
-    results = finish(ctx, prompts, out, tally)
+    out, tally, work = decode_batch(ctx, prompts, ctx.draft, step)
+    results, work = finish(ctx, prompts, out, tally, work)
     for g, res in enumerate(results):
         res.stats["state_counts"] = tally.states[g].tolist()
-    return results
+    return results, work
 
 
 @torch.inference_mode()
-def run_cdlh(ctx: Context, prompts: list[PromptInput], d: int, k: int, approx: bool) -> list[MethodResult]:
+def run_cdlh(ctx: Context, prompts: list[PromptInput], d: int, k: int, approx: bool
+             ) -> tuple[list[MethodResult], Work]:
     if approx and ctx.draft is None:
         raise ValueError("models.draft: required by method 'cdlh_appx'")
     s_logits = None  # the target's next-token logits carried between steps, one line per open sequence
 
-    def step(batch: SpecBatch, tally: DecodeTally, eos: torch.Tensor, kept) -> None:
+    def step(batch: SpecBatch, tally: DecodeTally, work: Work, eos: torch.Tensor, kept) -> None:
         nonlocal s_logits
         if kept is not None and s_logits is not None:
             s_logits = s_logits[kept]
-        s_logits = step_cdlh(ctx, prompts, batch, tally, k, d, approx, eos, s_logits)
+        s_logits = step_cdlh(ctx, prompts, batch, tally, work, k, d, approx, eos, s_logits)
 
-    out, tally = decode_batch(ctx, prompts, ctx.draft if approx else None, step)
-    return finish(ctx, prompts, out, tally, speculative=False)
+    out, tally, work = decode_batch(ctx, prompts, ctx.draft if approx else None, step)
+    return finish(ctx, prompts, out, tally, work, speculative=False)
 
 
-def cdsl(ctx: Context, params: CDSL, prompts: list[PromptInput]) -> list[MethodResult]:
+def cdsl(ctx: Context, params: CDSL, prompts: list[PromptInput]) -> tuple[list[MethodResult], Work]:
     p = params
     return run_cdsl(ctx, prompts, p.lookahead, p.top_k, p.accept_threshold, p.reward_threshold, p.b, p.validation)
 
 
-def cdlh(ctx: Context, params: CDLH, prompts: list[PromptInput]) -> list[MethodResult]:
+def cdlh(ctx: Context, params: CDLH, prompts: list[PromptInput]) -> tuple[list[MethodResult], Work]:
     return run_cdlh(ctx, prompts, params.lookahead, params.top_k, approx=False)
 
 
-def cdlh_appx(ctx: Context, params: CDLHAppx, prompts: list[PromptInput]) -> list[MethodResult]:
+def cdlh_appx(ctx: Context, params: CDLHAppx, prompts: list[PromptInput]) -> tuple[list[MethodResult], Work]:
     return run_cdlh(ctx, prompts, params.lookahead, params.top_k, approx=True)

@@ -6,8 +6,8 @@
   at temperature 1, given the prompt (`workers.decoding.logprobs.perplexities`).
 The Runner adds the constraint stats to every row. A candidate pool's perplexity comes from the log-probabilities
 its decoder kept while sampling (`workers.pool`, on either engine: no forward); for the methods with a loop of their
-own, `add_perplexities` runs a forward after the batch's costs are taken, not charged to the Meter, so it changes
-neither the method's tokens and calls nor its wall or device seconds.
+own, `add_perplexities` runs a forward after the batch's costs are taken, recorded nowhere, so it changes neither
+the method's tokens and calls nor its wall or device seconds.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ import math
 import torch
 
 from schemas.methods import MJSD
-from workers.accounting.cost import Meter
+from workers.accounting.work import Work
 from workers.candidates import MethodResult, PromptInput
 from workers.context import Context
 from workers.methods.draft_target import decode_batch, finish
@@ -64,7 +64,7 @@ def choose_beams(
 
 def beam_draft(
     d: Side, batch: SpecBatch, gam: torch.Tensor, num_beams: int, warp: Warp, seed: int, eos: torch.Tensor,
-    meter: Meter, tally: DecodeTally, stride: int | None = None,
+    work: Work, tally: DecodeTally, stride: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Beam-sample gamma_b tokens per sequence with the draft. Returns the chosen beam's tokens x [B, G] and the joint
     draft log-probabilities of its prefixes, log q(x_1..x_j) [B, G]. The draft side ends on the chosen beams
@@ -75,7 +75,7 @@ def beam_draft(
     lik = likelihood_warp(warp)
     pos0 = batch.length - 1 - batch.offset  # [B] response index of the pending token
     seq, seq_len = d.backlog(batch.tokens, batch.length)
-    logits = d.extend_to(seq, seq_len, gam > 0, batch.group, meter, None)[:, -1]  # [B, V]
+    logits = d.extend_to(seq, seq_len, gam > 0, batch.group, work, None)[:, -1]  # [B, V]
     v = logits.shape[-1]
     fill = int(eos[0])
     cand_ids = torch.arange(m * v, device=logits.device)  # RNG coordinate of each (beam, token) pair
@@ -99,7 +99,7 @@ def beam_draft(
     grp = batch.group.repeat_interleave(m)
     for i in range(1, g):
         live = (gam > i).repeat_interleave(m)  # [B*M] sequences still drafting
-        out = d.feed(tokens[:, :, -1].reshape(b * m, 1), live[:, None], grp, meter, None)[:, -1]
+        out = d.feed(tokens[:, :, -1].reshape(b * m, 1), live[:, None], grp, work, None)[:, -1]
         logq = log_probs(out, lik).view(b, m, v)  # [B, M, V]
         frozen = torch.isin(tokens[:, :, -1], eos) | ~(gam > i)[:, None]  # [B, M] ended beams and ended sequences
         still = torch.full_like(logq, -math.inf)
@@ -132,7 +132,7 @@ def mjsd_accept(logp_joint: torch.Tensor, logq_joint: torch.Tensor, eligible: to
 
 def step_mjsd(
     target: torch.nn.Module, draft: torch.nn.Module, batch: SpecBatch, gamma: int, num_beams: int, tau: float,
-    warp: Warp, seed: int, eos: torch.Tensor, meter: Meter, tally: DecodeTally,
+    warp: Warp, seed: int, eos: torch.Tensor, work: Work, tally: DecodeTally,
 ) -> None:
     """One MJSD iteration (Algorithm 1) for every open sequence."""
     t, d = batch.sides(target, draft)
@@ -147,13 +147,13 @@ def step_mjsd(
     lik = likelihood_warp(warp)
 
     if g > 0:
-        x, logq_joint = beam_draft(d, batch, gam, num_beams, warp, seed, eos, meter, tally, stride=gamma)  # [B, G] x2
+        x, logq_joint = beam_draft(d, batch, gam, num_beams, warp, seed, eos, work, tally, stride=gamma)  # [B, G] x2
     else:
         x = torch.zeros(b, 0, dtype=torch.long, device=dev)
         logq_joint = torch.zeros(b, 0, device=dev)
     back, back_len = t.backlog(batch.tokens, batch.length)
     seq, seq_len = ragged_cat(back, back_len, x, gam)
-    logits = t.extend_to(seq, seq_len, active, batch.group, meter, tally, keep=g + 1)  # [B, G+1, V]
+    logits = t.extend_to(seq, seq_len, active, batch.group, work, tally, keep=g + 1)  # [B, G+1, V]
     if logits is None:
         return
     cols = ((g - gam)[:, None] + torch.arange(g + 1, device=dev)[None, :]).clamp(max=g)
@@ -175,16 +175,17 @@ def step_mjsd(
 
 
 @torch.inference_mode()
-def run_mjsd(ctx: Context, prompts: list[PromptInput], gamma: int, num_beams: int, tau: float) -> list[MethodResult]:
+def run_mjsd(ctx: Context, prompts: list[PromptInput], gamma: int, num_beams: int, tau: float
+             ) -> tuple[list[MethodResult], Work]:
     if ctx.draft is None:
         raise ValueError("models.draft: required by method 'mjsd'")
 
-    def step(batch: SpecBatch, tally: DecodeTally, eos: torch.Tensor, kept) -> None:
-        step_mjsd(ctx.target, ctx.draft, batch, gamma, num_beams, tau, ctx.warp, ctx.seed, eos, ctx.meter, tally)
+    def step(batch: SpecBatch, tally: DecodeTally, work: Work, eos: torch.Tensor, kept) -> None:
+        step_mjsd(ctx.target, ctx.draft, batch, gamma, num_beams, tau, ctx.warp, ctx.seed, eos, work, tally)
 
-    out, tally = decode_batch(ctx, prompts, ctx.draft, step)
-    return finish(ctx, prompts, out, tally)
+    out, tally, work = decode_batch(ctx, prompts, ctx.draft, step)
+    return finish(ctx, prompts, out, tally, work)
 
 
-def mjsd(ctx: Context, params: MJSD, prompts: list[PromptInput]) -> list[MethodResult]:
+def mjsd(ctx: Context, params: MJSD, prompts: list[PromptInput]) -> tuple[list[MethodResult], Work]:
     return run_mjsd(ctx, prompts, params.gamma, params.num_beams, params.tau)

@@ -2,7 +2,10 @@
 
 A decoder holds the running sequences of one pool on one engine. The pool (`workers.pool.pool`) starts prompts'
 candidates on it, steps it, takes the sequences that ended, scores the running ones at decision tokens and drops the
-rejected; the decoder knows only its sequences, not rewards, schedules or rows. Two implement it:
+rejected; the decoder knows only its sequences, not rewards, schedules or rows. What it runs comes back with what
+happened: a start or a step returns a `StepOutput` (the sequences that ended, and a `Work` of the forwards and
+tokens per prompt), a drop the counts it settles. It owns its memory model (`need`, `kv_space`, `width`): what the
+pool's admission asks of it, with nothing to call back into its engine. Two implement it:
 `workers.engines.hf.HfDecoder` (Winnow's own engine: a `Batch` decoded by the target or the speculative sampler,
 rejected sequences dropped by selection) and `workers.engines.vllm.VllmDecoder` (one vLLM request per candidate,
 rejected ones aborted).
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 from typing import NamedTuple, Protocol, Sequence
 
+from workers.accounting.work import Work
 from workers.candidates import PromptInput
 
 Key = tuple[int, int]  # (group, cand)
@@ -29,6 +33,14 @@ class Seq(NamedTuple):
     key: Key
     tokens: list[int]
     logprob: float | None  # None where a decoder does not track it
+
+
+class StepOutput(NamedTuple):
+    """What a decoder's start or step did: the sequences that finished in it (EOS, or their token limit), in key
+    order, which no longer run; and what it ran (`Work`: forwards and tokens per prompt, prefills counted as steps)."""
+
+    finished: list[Seq]
+    work: Work
 
 
 class Decoder(Protocol):
@@ -50,16 +62,12 @@ class Decoder(Protocol):
         """The bytes held now for prompts that have not started (their prefill, done ahead): the pool's admission
         counts them in its KV space."""
 
-    def start(self, groups: list[int], prompts: list[PromptInput]) -> None:
+    def start(self, groups: list[int], prompts: list[PromptInput]) -> StepOutput:
         """Start n candidates of each prompt, numbered `groups`: the first that wait, in order. A candidate may end
-        at its first token; it is reported by the next `finished`."""
+        at its first token: it is among the output's finished."""
 
-    def step(self) -> None:
+    def step(self) -> StepOutput:
         """One decoding step of every running sequence."""
-
-    def finished(self) -> list[Seq]:
-        """The sequences that finished (EOS, or their token limit) since the last call, in key order; they no longer
-        run."""
 
     def running(self) -> list[Seq]:
         """Every running sequence, in key order."""
@@ -67,8 +75,9 @@ class Decoder(Protocol):
     def lengths(self) -> dict[int, list[int]]:
         """Each group with running sequences: the lengths of its running responses, in tokens."""
 
-    def drop(self, keys: Sequence[Key]) -> None:
-        """Stop running sequences (rejected ones): they generate nothing more and their KV cache is freed."""
+    def drop(self, keys: Sequence[Key]) -> Work:
+        """Stop running sequences (rejected ones): they generate nothing more and their KV cache is freed. Returns
+        the counts it settles for them (an engine that counts a step's tokens ahead of its outputs)."""
 
     def kv_space(self) -> int | None:
         """The bytes this pool's running sequences may take in all (`need` summed), its KV space (None where it

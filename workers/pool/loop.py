@@ -10,16 +10,21 @@ changes is that the next batch's prompts take the places of sequences that finis
 allow it (Speculative Rejection's memory schedule, whose decisions depend on which prompts share the cache), the
 loop takes one call at a time.
 
-The loop serves both engines the same way; what differs is the thread it runs in (`serve`): a thread started for
-each run of calls on the hf engine, the vLLM engine's own thread on the vllm engine (a vLLM engine is stepped by the
-thread that built it). Whenever the loop runs dry, its pool (the decoder's sequences, the reward session) is dropped
-and the thread is given back. If decoding raises, every call in flight fails with that error (Ray Data retries or
-fails those batches) and the next call gets a fresh pool.
+The loop takes nothing from above: the actor's wiring (`workers.actor.runner.Runner`) submits a call (`submit`), and
+when no thread serves the loop it opens a fresh pool and has its engine run `serve(pool)` in the thread that may
+step it (a thread of its own on the hf engine, the vLLM engine's own thread on the vllm engine). Whenever the loop
+runs dry, its pool (the decoder's sequences, the reward session) is dropped and the thread is given back. If
+decoding raises, every call submitted fails with that error, those decoding and those waiting (Ray Data retries or
+fails those batches), the pool is dropped, and the next call opens a fresh one.
 
-Costs: the pool's meter charges each stretch of the loop's time to the prompts that caused its tokens
-(`workers.accounting.cost.Meter.tick`), so device seconds add up to the loop's busy time however the calls
-overlapped; a call's `wall_seconds` is its own wall time. A call's prompts' costs are taken when their candidates
-have all ended.
+One step of the loop (`_turn`), shaped as schedule, execute, update from the outputs:
+1. the pool turns once (`Pool.step`): it schedules (admission, rejection rounds) and has its decoder and reward
+   session execute; it hands back what ran (a `workers.accounting.work.Work`);
+2. the loop charges that work to its one meter (`Meter.charge`) and closes the stretch of time (`Meter.tick`);
+3. the prompts whose candidates have all ended get their final rewards (`Pool.ended`), charged the same way;
+4. each call whose prompts are all done gets its outcomes: results, the cost struct, the steps' stats.
+Each stretch of the loop's time is charged to the prompts that caused its tokens, so device seconds add up to the
+loop's busy time however the calls overlapped; a call's `wall_seconds` is its own wall time.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Sequence
 
 import torch
 
@@ -50,7 +55,8 @@ class Outcome:
 
 @dataclass
 class Call:
-    """One actor call: its prompts, their groups in the pool once accepted, those not done yet, and its outcomes."""
+    """One actor call: its prompts, their groups in the pool once accepted, those not done yet, and its outcomes.
+    `opens`: no thread served the loop when it came, so its caller opens a pool and serves the loop (`Loop.serve`)."""
 
     prompts: list[PromptInput]
     started: float = field(default_factory=time.perf_counter)
@@ -59,22 +65,17 @@ class Call:
     outcomes: dict[int, Outcome] = field(default_factory=dict)  # by group
     error: BaseException | None = None
     done: threading.Event = field(default_factory=threading.Event)
-
-
-def start_thread(fn: Callable[[], None]) -> None:
-    """Serve the loop in a thread of its own (the hf engine)."""
-    threading.Thread(target=fn, name="winnow-decode-loop", daemon=True).start()
+    opens: bool = False
 
 
 class Loop:
-    """`run(prompts)` from any thread of the actor returns each prompt's `Outcome`, decoding them in the one pool
-    that every call in flight feeds (`feeds`: more than one call at once). `open_pool(meter)` makes a fresh pool
-    whose context counts into `meter`; `serve(fn)` runs the loop's function in the thread that decodes; `devices`:
-    GPUs the actor holds (1 on CPU), what its busy time is multiplied by."""
+    """Calls from any thread of the actor (`submit`, then `wait`) get each prompt's `Outcome`, decoded in the one
+    pool that every call in flight feeds (`feeds`: more than one call at once). A call that finds no thread serving
+    the loop `opens` it: its caller hands a fresh pool to `serve`, in the thread that may step the pool's decoder.
+    `devices`: GPUs the actor holds (1 on CPU), what its busy time is multiplied by."""
 
-    def __init__(self, open_pool: Callable[[Meter], Pool], feeds: bool, serve: Callable = start_thread,
-                 devices: float = 1.0):
-        self.open_pool, self.feeds, self.serve, self.devices = open_pool, feeds, serve, devices
+    def __init__(self, feeds: bool, devices: float = 1.0):
+        self.feeds, self.devices = feeds, devices
         self.lock = threading.Lock()  # the calls coming in, and whether a thread serves the loop
         self.incoming: list[Call] = []
         self.serving = False
@@ -85,20 +86,39 @@ class Loop:
         self.pool: Pool | None = None
         self.meter: Meter | None = None
 
-    def run(self, prompts: list[PromptInput]) -> list[Outcome]:
+    def submit(self, prompts: list[PromptInput]) -> Call:
+        """A call of `prompts`, queued for the loop; it `opens` the loop when no thread serves it (the caller then
+        serves it, `serve`, or fails it, `fail`)."""
         call = Call(list(prompts))
         with self.lock:
             self.incoming.append(call)
             if not self.serving:
-                self.serving = True
-                self.serve(self._serve)
+                self.serving = call.opens = True
+        return call
+
+    def wait(self, call: Call) -> list[Outcome]:
+        """The call's outcomes, in its prompts' order, once its prompts are all done (its error, if decoding
+        failed)."""
         call.done.wait()
         if call.error is not None:
             raise call.error
         return [call.outcomes[g] for g in call.groups]
 
+    def fail(self, err: BaseException, calls: Sequence[Call] = ()) -> None:
+        """Every call submitted fails with `err` (`calls`, those the loop decodes, and those waiting), and the next
+        call opens the loop again: no pool could be opened or served, or decoding raised."""
+        with self.lock:
+            calls, self.incoming = list(calls) + self.incoming, []
+            self.serving = False
+        for call in calls:
+            call.error = err
+            call.done.set()
+
     # -- the loop's thread ---------------------------------------------------------------------------------------
-    def _serve(self) -> None:
+    def serve(self, pool: Pool) -> None:
+        """Decode every call in flight on `pool` (fresh: nothing added yet) until none is left, then drop it; run in
+        the thread that may step its decoder."""
+        self.pool, self.meter = pool, Meter(0)
         with torch.inference_mode():
             while True:
                 with self.lock:
@@ -112,11 +132,11 @@ class Loop:
                     for call in new:
                         self._accept(call)
                     self._turn()
-                except BaseException as err:  # noqa: BLE001 - the calls in flight fail with it, in their threads
-                    for call in self.calls + new:
-                        call.error = err
-                        call.done.set()
+                except BaseException as err:  # noqa: BLE001 - the calls submitted fail with it, in their threads
+                    failed = self.calls + [c for c in new if c not in self.calls]
                     self._close()
+                    self.fail(err, failed)
+                    return
 
     def _close(self) -> None:
         pool = self.pool
@@ -125,20 +145,20 @@ class Loop:
             pool.close()
 
     def _accept(self, call: Call) -> None:
-        if self.pool is None:
-            self.meter = Meter(0)
-            self.pool = self.open_pool(self.meter)
         call.groups = self.pool.add(call.prompts)
         self.meter.grow(call.groups[-1] + 1 - self.meter.base)
         call.pending = set(call.groups)
         self.calls.append(call)
 
     def _turn(self) -> None:
-        """One step of the pool, then the outcomes of every call whose prompts are all done."""
+        """One step of the loop: the pool schedules and executes a turn, the loop charges what it ran (the one place
+        the meter is charged), then the outcomes of every call whose prompts are all done."""
         pool, meter = self.pool, self.meter
-        pool.step()
+        turn = pool.step()
+        meter.charge(turn.work)
         meter.tick()
-        ended = pool.ended(sorted(set().union(*(c.pending for c in self.calls))))
+        ended, scored = pool.ended(sorted(set().union(*(c.pending for c in self.calls))))
+        meter.charge(scored)
         if not ended:
             return
         meter.tick()  # their final scoring is theirs

@@ -2,12 +2,17 @@
 prompt, on either engine.
 
 A `Pool` holds every prompt in flight: its n candidates (running on a decoder, `workers.pool.decoder`, or ended),
-their partial rewards and its decisions. One turn (`Pool.step`) starts the waiting prompts that fit, takes the
-sequences that ended, holds a rejection round where the schedule calls one (`workers.pool.schedules`) and steps the
-decoder; `Pool.ended` gives the prompts whose candidates have all ended their final rewards, and `Pool.result`
-makes a prompt's answer (eq. 6: the finished candidate with the highest final reward) and stats. Best-of-N is the
-same pool with no decision tokens; greedy, nucleus and speculative decoding are pools of one candidate, whose answer
-is that candidate.
+their partial rewards and its decisions. It is the scheduler of the actor's loop: it decides what runs, the decoder
+and the reward session run it and hand back what happened. One turn (`Pool.step`):
+1. takes the sequences that ended in the last step (the decoder's `StepOutput`): each becomes a candidate;
+2. holds a rejection round where the schedule calls one (`workers.pool.schedules`), scoring through the session;
+3. starts the waiting prompts that fit (admission: the decoder's memory model, `Decoder.need`);
+4. steps the decoder, and returns what the turn ran (`Turn`: a `Work` of every forward, step and scoring call).
+`Pool.ended` gives the prompts whose candidates have all ended their final rewards (and what scoring them ran), and
+`Pool.result` makes a prompt's answer (eq. 6: the finished candidate with the highest final reward) and stats. The
+caller charges the work (`workers.pool.loop`): the pool counts nothing itself. Best-of-N is the same pool with no
+decision tokens; greedy, nucleus and speculative decoding are pools of one candidate, whose answer is that
+candidate.
 
 Scoring goes through one reward session per pool (`Context.reward_session`): with a causal reward model it keeps
 each running candidate's reward-model cache from one decision to the next, so a decision feeds the reward model
@@ -20,14 +25,15 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import torch
 
 from schemas.methods import MethodParams
+from workers.accounting.work import Work
 from workers.candidates import Candidate, MethodResult, PromptInput, best_of, reward_stats, settle_verdicts
 from workers.context import Context
-from workers.pool.decoder import Decoder, Key, Seq
+from workers.pool.decoder import Decoder, Key, Seq, StepOutput
 from workers.pool.schedules import NoDecisions, pool_space, rejection_cut, schedule_for
 
 
@@ -56,6 +62,14 @@ class PromptState:
         return sum(c is None for c in self.candidates)
 
 
+class Turn(NamedTuple):
+    """What one turn of a pool did: whether anything still runs or waits, and what it ran (forwards, tokens and steps
+    per prompt, scoring included)."""
+
+    busy: bool
+    work: Work
+
+
 class Pool:
     """The candidate pools of every prompt in flight on one decoder: prompts join (`add`) and leave (`forget`)
     while it decodes. `n` candidates per prompt, rejection quantile `alpha`, decision schedule `schedule`."""
@@ -72,6 +86,7 @@ class Pool:
         self.waiting: list[int] = []  # groups not started yet, in order
         self.next_group = 0
         self.live = 0  # sequences running on the decoder
+        self.ended_seqs: list[Seq] = []  # the sequences that ended in the last step, taken at the next turn
         self.scoring = None  # the reward session, made at the first scoring
 
     @classmethod
@@ -102,30 +117,35 @@ class Pool:
         self.decoder.close()
 
     # -- one turn --------------------------------------------------------------------------------------------------
-    def step(self) -> bool:
+    def step(self) -> Turn:
         """One turn of the decoding loop: take the sequences that ended, a rejection round for the running prompts
         the schedule calls one for, start the waiting prompts that fit in what the ended and the rejected freed (a
-        round for those the schedule calls one for at their first token), and one decoding step (counted in the
-        meter with its width). False once nothing runs or waits. A prompt's round comes at the same point of its
-        own decoding whether it started this turn or long before: admission only moves when prompts start."""
-        self._harvest()
-        self._round({g: s.prompt for g, s in self.prompts.items() if s.started})
-        self._stop_verified()
-        started = self._admit()
+        round for those the schedule calls one for at their first token), and one decoding step (recorded with its
+        width). Not busy once nothing runs or waits. A prompt's round comes at the same point of its own decoding
+        whether it started this turn or long before: admission only moves when prompts start."""
+        work = Work()
+        self._harvest(self.ended_seqs)
+        self.ended_seqs = []
+        self._round({g: s.prompt for g, s in self.prompts.items() if s.started}, work)
+        self._stop_verified(work)
+        started, out = self._admit()
+        work.add(out.work)
         if started:
-            self._harvest()  # a fresh candidate's first token may already end it
-            self._round({g: self.prompts[g].prompt for g in started})
-            self._stop_verified()
+            self._harvest(out.finished)  # a fresh candidate's first token may already end it
+            self._round({g: self.prompts[g].prompt for g in started}, work)
+            self._stop_verified(work)
         if not self.live:
-            return bool(self.waiting)
+            return Turn(bool(self.waiting), work)
         running = [(g, s.running) for g, s in self.prompts.items() if s.started and s.running]
-        self.ctx.meter.count_step(torch.tensor([g for g, _ in running]), torch.tensor([r for _, r in running]))
-        self.decoder.step()
+        work.step(torch.tensor([g for g, _ in running]), torch.tensor([r for _, r in running]))
+        out = self.decoder.step()
+        work.add(out.work)
+        self.ended_seqs = out.finished
         for g, _ in running:
             self.prompts[g].steps += 1
-        return True
+        return Turn(True, work)
 
-    def _round(self, prompts: dict[int, PromptInput]) -> None:
+    def _round(self, prompts: dict[int, PromptInput], work: Work) -> None:
         """A rejection round for the prompts among `prompts` that the schedule calls one for. Its scoring call also
         gives the final rewards of the prompts among `prompts` whose every candidate has ended (`ended` would
         otherwise score them in a call of their own): one reward forward for both where a forward costs the same
@@ -133,24 +153,26 @@ class Pool:
         due = self.schedule.due(self.decoder, prompts) if self.live else set()
         if due:
             done = {g for g in prompts if g not in due and self.prompts[g].ended and self.prompts[g].unscored}
-            self.schedule.rejected(self._decide(due | done))
+            self.schedule.rejected(self._decide(due | done, work))
 
     def _hold(self, state: PromptState, rows: int) -> int:
         """The bytes a prompt's `rows` running sequences may take (`Decoder.need`), within its schedule's KV space."""
         return self.decoder.need(state.prompt, rows, self.schedule.kv_tokens(state.prompt))
 
-    def _admit(self) -> list[int]:
+    def _admit(self) -> tuple[list[int], StepOutput]:
         """Start waiting prompts, in order, while the decoder has the places (`Decoder.width`) and the pool the KV
         space (`space`) for all their candidates beside what the running prompts hold now: their running
         candidates, each prompt within its own KV space (a cut or a finished candidate frees its place at once),
         and the prompts the decoder holds prefilled ahead (`Decoder.waiting_bytes`). A prompt always starts when
         nothing runs. One rule on both engines; a function of the prompts' own decoding, so where and when a prompt
-        starts is the same however the calls were timed. Returns the groups started."""
+        starts is the same however the calls were timed. Returns the groups started and the decoder's output of
+        their start."""
+        nothing = StepOutput([], Work())
         if not self.waiting:
-            return []
+            return [], nothing
         running = [s for s in self.prompts.values() if s.started and s.running]
         if running and not self.decoder.joins:
-            return []
+            return [], nothing
         seqs = sum(s.running for s in running)
         used = sum(self._hold(s, s.running) for s in running) + self.decoder.waiting_bytes()
         space = math.inf if self.space is None else self.space
@@ -163,18 +185,19 @@ class Pool:
             seqs += self.n
             used += need
         groups, self.waiting = self.waiting[:take], self.waiting[take:]
-        if groups:
-            for g in groups:
-                self.prompts[g].started = True
-            self.decoder.start(groups, [self.prompts[g].prompt for g in groups])
-            self.live += take * self.n
-        return groups
+        if not groups:
+            return [], nothing
+        for g in groups:
+            self.prompts[g].started = True
+        out = self.decoder.start(groups, [self.prompts[g].prompt for g in groups])
+        self.live += take * self.n
+        return groups, out
 
-    def _harvest(self) -> None:
-        """Take the sequences that ended: each becomes its prompt's candidate, to be scored, and goes to the verifier
-        at once, which judges it beside decoding."""
+    def _harvest(self, ended: list[Seq]) -> None:
+        """Take the sequences that ended (a decoder's output): each becomes its prompt's candidate, to be scored, and
+        goes to the verifier at once, which judges it beside decoding."""
         verifier = self.ctx.verifier
-        for (g, c), tokens, logprob in self.decoder.finished():
+        for (g, c), tokens, logprob in ended:
             state = self.prompts[g]
             cand = state.candidates[c] = Candidate(tokens, self.ctx.finish_reason(tokens), logprob=logprob)
             state.unscored.append(c)
@@ -185,7 +208,7 @@ class Pool:
                 if self.stop is not None:
                     state.counting.append((state.steps + self.stop[1], c))
 
-    def _stop_verified(self) -> None:
+    def _stop_verified(self, work: Work) -> None:
         """The stop rule (`stop`): each verdict counts at its step (its candidate's end, plus the lag), the actor
         waiting for it there if it is not in yet, so that the rows do not depend on when verdicts arrive. A prompt
         with k verified candidates is stopped: its running candidates are cut."""
@@ -203,7 +226,7 @@ class Pool:
                 stopping.add(g)
         if stopping:
             cut = [s for s in self.decoder.running() if s.key[0] in stopping]
-            self._cut(cut)
+            self._cut(cut, work)
             if self.scoring is not None:
                 self.scoring.release([s.key for s in cut])
     def _session(self):
@@ -211,19 +234,21 @@ class Pool:
             self.scoring = self.ctx.reward_session()
         return self.scoring
 
-    def _score(self, live: Sequence[Seq], done: list[Key]) -> list[float | None]:
+    def _score(self, live: Sequence[Seq], done: list[Key], work: Work) -> list[float | None]:
         """Partial rewards of the running candidates `live`, scored in one call with the final rewards of the ended
-        candidates `done` (set on them)."""
+        candidates `done` (set on them); what scoring ran goes to `work`."""
         ctx = self.ctx
         items = [ctx.scored(s.key[0], self.prompts[s.key[0]].prompt, s.tokens, s.logprob) for s in live]
         ended = [self.prompts[g].candidates[c] for g, c in done]
         items += [ctx.scored(g, self.prompts[g].prompt, cand.tokens, cand.logprob) for (g, _), cand in zip(done, ended)]
-        scores = self._session().score([s.key for s in live] + done, items, [False] * len(live) + [True] * len(done))
+        scores, ran = self._session().score([s.key for s in live] + done, items,
+                                            [False] * len(live) + [True] * len(done))
+        work.add(ran)
         for (g, c), s in zip(done, scores[len(live):]):
             self.prompts[g].candidates[c].reward = s
         return scores[: len(live)]
 
-    def _decide(self, groups: set[int]) -> dict[int, int]:
+    def _decide(self, groups: set[int], work: Work) -> dict[int, int]:
         """One rejection round for prompts `groups`: partial rewards of their running candidates, final rewards of
         their candidates ended since their last round, `rejection_cut` per prompt, and the rejected candidates
         dropped from the decoder. The rejected and the ended candidates leave the reward session together. Returns
@@ -232,7 +257,7 @@ class Pool:
         done = [(g, c) for g in sorted(groups) for c in self.prompts[g].unscored]
         for g in groups:
             self.prompts[g].unscored = []
-        scores = self._score(live, done)
+        scores = self._score(live, done, work)
         finished: dict[int, list[float]] = defaultdict(list)
         for g, c in done:
             finished[g].append(self.prompts[g].candidates[c].reward)
@@ -249,24 +274,25 @@ class Pool:
         counts = dict.fromkeys(of_group, 0)
         for (g, _), _, _ in rejected:
             counts[g] += 1
-        self._cut(rejected)
+        self._cut(rejected, work)
         self._session().release(done + [s.key for s in rejected])
         return counts
 
-    def _cut(self, seqs: Sequence[Seq]) -> None:
+    def _cut(self, seqs: Sequence[Seq], work: Work) -> None:
         """Running sequences stopped before they finished (a rejection round's, or the stop rule's): each becomes a
-        rejected candidate and leaves the decoder."""
+        rejected candidate and leaves the decoder (the counts it settles for them go to `work`)."""
         for (g, c), tokens, logprob in seqs:
             self.prompts[g].candidates[c] = Candidate(tokens, "rejected", logprob=logprob)
-        self.decoder.drop([s.key for s in seqs])
+        work.add(self.decoder.drop([s.key for s in seqs]))
         self.live -= len(seqs)
 
     # -- prompts whose candidates have all ended -------------------------------------------------------------------
-    def ended(self, groups: Sequence[int]) -> list[int]:
+    def ended(self, groups: Sequence[int]) -> tuple[list[int], Work]:
         """The prompts among `groups` whose every candidate has ended and been judged by the verifier, with their final
-        rewards given (one scoring call for all of them; their candidates leave the reward session). Verdicts not in
-        yet are waited for only when nothing else runs or waits; a prompt leaves the pool when its last one is in,
-        which changes nothing of the others' decoding."""
+        rewards given (one scoring call for all of them; their candidates leave the reward session), and what that
+        scoring ran. Verdicts not in yet are waited for only when nothing else runs or waits; a prompt leaves the pool
+        when its last one is in, which changes nothing of the others' decoding."""
+        work = Work()
         ended = [g for g in sorted(groups) if self.prompts[g].ended]
         if self.ctx.verifier is not None:
             idle = not self.live and not self.waiting
@@ -279,9 +305,9 @@ class Pool:
         for g in ended:
             self.prompts[g].unscored = []
         if done:
-            self._score((), done)
+            self._score((), done, work)
             self._session().release(done)
-        return ended
+        return ended, work
 
     def result(self, g: int) -> MethodResult:
         """Prompt g's candidates (decoded), its answer and its stats (the answer's perplexity under the target among
@@ -312,11 +338,16 @@ class Pool:
         return MethodResult(cands, best, stats)
 
 
-def decode(pool: Pool, prompts: list[PromptInput]) -> list[MethodResult]:
-    """Every prompt through `pool` to its result, in this thread (one batch on its own; `workers.pool.loop` turns
-    the same steps for prompts of many actor calls)."""
+def decode(pool: Pool, prompts: list[PromptInput]) -> tuple[list[MethodResult], Work]:
+    """Every prompt through `pool` to its result, in this thread, and what decoding them ran (one batch on its own;
+    `workers.pool.loop` turns the same steps for prompts of many actor calls, and charges each turn's work)."""
+    work = Work()
     groups = pool.add(prompts)
-    while pool.step():
-        pass
-    pool.ended(groups)
-    return [pool.result(g) for g in groups]
+    while True:
+        turn = pool.step()
+        work.add(turn.work)
+        if not turn.busy:
+            break
+    _, scored = pool.ended(groups)
+    work.add(scored)
+    return [pool.result(g) for g in groups], work

@@ -71,11 +71,11 @@ def template_head(tokenizer) -> list[int]:
     return encodings[0][: len(os.path.commonprefix(encodings))]
 
 
-def reward_inputs(tokenizer, max_len: int | None, items: list[Scored], meter,
+def reward_inputs(tokenizer, max_len: int | None, items: list[Scored], work,
                   responses: list[str] | None = None) -> tuple[list[list[int]], set[int]]:
     """Every item's reward input (`reward_input`, with `responses[i]` as its assistant turn where given), those
-    longer than `max_len` cut to their last max_len tokens (the response's end) and counted per prompt in `meter`
-    (stats.reward_inputs_truncated); also the indices of the cut ones."""
+    longer than `max_len` cut to their last max_len tokens (the response's end) and recorded per prompt in `work`
+    (a `Work`: stats.reward_inputs_truncated); also the indices of the cut ones."""
     texts = [reward_text(tokenizer, it, None if responses is None else responses[i]) for i, it in enumerate(items)]
     # one call of the tokenizer for them all (a fast tokenizer encodes a list in one batch): a scoring call's items
     # are many, and a call each cost a fifth more host time (2,048 tiny-trio items: 0.18 against 0.15 CPU s)
@@ -84,7 +84,7 @@ def reward_inputs(tokenizer, max_len: int | None, items: list[Scored], meter,
     if over:
         for i in over:
             encoded[i] = encoded[i][-max_len:]
-        meter.count_truncated(torch.tensor([items[i].group for i in sorted(over)]))
+        work.truncated(torch.tensor([items[i].group for i in sorted(over)]))
     return encoded, over
 
 

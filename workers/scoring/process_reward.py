@@ -12,7 +12,8 @@ tags of its last steps only (counted in stats.reward_inputs_truncated).
 
 `ProcessRewardScorer` runs the PRM with transformers, and a causal one incrementally: a session keeps each candidate's
 cache and its steps' scores between decisions, so a decision feeds the tokens generated since the last one
-(the reward model's `CachedScoring`). `workers.scoring.vllm_reward.VllmRewardScorer` serves it on a vLLM pooling
+(the reward model's session, `workers.scoring.reward_session.CachedScoring`).
+`workers.scoring.vllm_reward.VllmRewardScorer` serves it on a vLLM pooling
 engine (token_classify) with the same `Steps`, every call scored whole.
 """
 
@@ -23,9 +24,10 @@ from dataclasses import dataclass
 
 import torch
 
-from workers.accounting.cost import Meter
 from workers.accounting.memory import device_free_bytes
+from workers.accounting.work import Work
 from workers.scoring.items import Scored, once_per_input, reward_inputs, right_padded, token_budget_batches
+from workers.scoring.protocol import Scores
 from workers.scoring.reward_model import RewardModelScorer
 
 
@@ -103,10 +105,11 @@ class Steps:
             raise ValueError(f"{field}: {self.label} is no label of the process reward model, which has "
                              f"{num_labels} (0 to {top}){hint}")
 
-    def inputs(self, tokenizer, max_len: int | None, items: list[Scored], meter) -> tuple[list[list[int]], list[int]]:
-        """Every item's PRM input (cut to `max_len` as reward inputs are) and its number of steps."""
+    def inputs(self, tokenizer, max_len: int | None, items: list[Scored], work) -> tuple[list[list[int]], list[int]]:
+        """Every item's PRM input (cut to `max_len` as reward inputs are, recorded in the `Work` `work`) and its
+        number of steps."""
         tagged = [self.tagged(it.text) for it in items]
-        encoded, _ = reward_inputs(tokenizer, max_len, items, meter, tagged)
+        encoded, _ = reward_inputs(tokenizer, max_len, items, work, tagged)
         return encoded, [len(self.split(it.text)) for it in items]
 
 
@@ -131,7 +134,8 @@ class ProcessRewardScorer(RewardModelScorer):
     tokens with tags among them and against the PRM's own whole scores (`whole_value`); a model that fails them is
     scored whole at every call."""
 
-    def __init__(self, model, tokenizer, steps: Steps, batch_tokens: int | None, role: str = "reward"):
+    def __init__(self, model, tokenizer, steps: Steps, batch_tokens: int | None, role: str = "reward", **switches):
+        """`switches`: the sessions' switches of `RewardModelScorer` (incremental_sessions, levels, share_prompts)."""
         self.reads_hidden = type(model).__name__.endswith("ForSequenceClassification")
         if self.reads_hidden and not isinstance(getattr(model, "score", None), torch.nn.Module):
             raise ValueError(f"models.reward.path: {type(model).__name__} has no `score` head to read at every token; "
@@ -139,32 +143,33 @@ class ProcessRewardScorer(RewardModelScorer):
         steps.check_label(model.config.num_labels)
         self.steps = steps
         self.tag_id = steps.tag_id(tokenizer)
-        super().__init__(model, tokenizer, batch_tokens, role)
+        super().__init__(model, tokenizer, batch_tokens, role, **switches)
 
-    def encode_all(self, items: list[Scored], meter: Meter) -> tuple[list[list[int]], set[int]]:
+    def encode_all(self, items: list[Scored], work: Work) -> tuple[list[list[int]], set[int]]:
         """Every item's PRM input, its steps tagged (`Steps.tagged`), cut to the context where longer."""
-        return reward_inputs(self.tok, self.max_len, items, meter, [self.steps.tagged(it.text) for it in items])
+        return reward_inputs(self.tok, self.max_len, items, work, [self.steps.tagged(it.text) for it in items])
 
     def counts(self, items: list[Scored]) -> list[int]:
         """Each item's steps: the reward aggregates the scores of its last that many tags."""
         return [len(self.steps.split(it.text)) for it in items]
 
     @torch.inference_mode()
-    def __call__(self, items: list[Scored], meter: Meter) -> list[float]:
+    def __call__(self, items: list[Scored]) -> Scores:
+        work = Work()
         if not items:
-            return []
-        encoded, _ = self.encode_all(items, meter)
-        return self.score_encoded([it.group for it in items], encoded, meter, self.counts(items))
+            return Scores([], work)
+        encoded, _ = self.encode_all(items, work)
+        return Scores(self.score_encoded([it.group for it in items], encoded, work, self.counts(items)), work)
 
-    def score_encoded(self, groups: list[int], encoded: list[list[int]], meter: Meter,
+    def score_encoded(self, groups: list[int], encoded: list[list[int]], work: Work,
                       counts: list[int] | None = None) -> list[float]:
         """Rewards of whole inputs (`counts`: their steps), each read in full; a prompt's inputs alike once."""
         counts = counts if counts is not None else [len(ids) for ids in encoded]  # every tag
         return once_per_input([(g, tuple(ids), c) for g, ids, c in zip(groups, encoded, counts)],
                               lambda idx: self._whole([groups[i] for i in idx], [encoded[i] for i in idx],
-                                                      [counts[i] for i in idx], meter))
+                                                      [counts[i] for i in idx], work))
 
-    def _whole(self, groups: list[int], encoded: list[list[int]], counts: list[int], meter: Meter) -> list[float]:
+    def _whole(self, groups: list[int], encoded: list[list[int]], counts: list[int], work: Work) -> list[float]:
         out = [math.nan] * len(encoded)
         lengths = [len(e) for e in encoded]
         budget = self.tokens_budget(device_free_bytes(self.device), max(lengths))
@@ -173,7 +178,7 @@ class ProcessRewardScorer(RewardModelScorer):
             logits = per_token_logits(self.model, ids.to(self.device), mask.to(self.device)).float().cpu()
             for row, i in enumerate(batch):
                 out[i] = self.steps.reward(logits[row, : len(encoded[i])], encoded[i], self.tag_id, counts[i])
-            meter.count_forward(self.role, torch.tensor([groups[i] for i in batch]), mask.sum(-1))
+            work.forward(self.role, torch.tensor([groups[i] for i in batch]), mask.sum(-1))
         return out
 
     # -- a session's rows: the scores of the tags they hold --------------------------------------------------------

@@ -3,22 +3,30 @@
 module asks which scorer it is.
 
 A scorer scores a list of `workers.scoring.items.Scored` items (one response each, partial or finished) into floats,
-counting what it processed into the batch's meter. A method that scores the same candidates again and again as they
-grow (Speculative Rejection's decisions) scores them through a session: a reward model keeps each candidate's cache
-there (`workers.scoring.reward_model.CachedScoring`); the others score every call afresh
+and hands them back with what it processed to score them (`Scores`: the values and a `Work`, the forwards and tokens
+per prompt), which its caller adds to its own and the loop charges. A method that scores the same candidates again
+and again as they grow (Speculative Rejection's decisions) scores them through a session: a reward model keeps each
+candidate's cache there (`workers.scoring.reward_session.CachedScoring`); the others score every call afresh
 (`workers.scoring.scorers.Rescoring`).
 """
 
 from __future__ import annotations
 
-from typing import Hashable, Protocol, Sequence
+from typing import Hashable, NamedTuple, Protocol, Sequence
 
-from workers.accounting.cost import Meter
+from workers.accounting.work import Work
 from workers.scoring.items import Scored
 
 
+class Scores(NamedTuple):
+    """A scoring call's rewards, one per item (None where no reward is configured), and what it ran for them."""
+
+    values: list
+    work: Work
+
+
 class Session(Protocol):
-    def score(self, keys: Sequence[Hashable], items: list[Scored], final: Sequence[bool] | None = None) -> list:
+    def score(self, keys: Sequence[Hashable], items: list[Scored], final: Sequence[bool] | None = None) -> Scores:
         """Rewards of items, one per key (a key names one candidate for the session's life); `final`: the items
         scored for the last time."""
 
@@ -30,8 +38,8 @@ class Scorer(Protocol):
     cuts_inputs: bool  # whether an input may be cut to a context (counted: rows carry stats.reward_inputs_truncated)
     session_kv_bytes_per_token: int  # KV bytes its sessions keep per token of a running candidate (0: none kept)
 
-    def __call__(self, items: list[Scored], meter: Meter) -> list[float]:
-        """Rewards of items, scored whole."""
+    def __call__(self, items: list[Scored]) -> Scores:
+        """Rewards of items, scored whole, and what scoring them ran."""
 
-    def session(self, meter: Meter) -> Session:
-        """A session for candidates scored again as they grow, counting into `meter`."""
+    def session(self) -> Session:
+        """A session for candidates scored again as they grow."""

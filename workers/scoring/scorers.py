@@ -1,8 +1,9 @@
 """The scorers other than a reward model, and the session that scores every call afresh.
 
-Every scorer takes a list of `Scored` items (one response each, partial or finished) and the batch's meter, and
-returns one float per item: `LogprobScorer` (mean token log-probability under the target), `LexicalScorer`
-(concept coverage), `PythonScorer` (a user function). The reward model is `workers.scoring.reward_model`.
+Every scorer takes a list of `Scored` items (one response each, partial or finished) and returns one float per item
+with what it ran for them (`workers.scoring.protocol.Scores`): `LogprobScorer` (mean token log-probability under the
+target), `LexicalScorer` (concept coverage), `PythonScorer` (a user function). The reward model is
+`workers.scoring.reward_model`.
 """
 
 from __future__ import annotations
@@ -12,25 +13,32 @@ from typing import Callable, Hashable, Sequence
 import torch
 
 from lexical import concept_coverage
-from workers.accounting.cost import Meter
+from workers.accounting.work import Work
 from workers.decoding.logprobs import response_logprobs
 from workers.scoring.items import Scored, once_per_input, token_budget_batches
+from workers.scoring.protocol import Scores
 from workers.verifiers.user_function import UserFunction
 
 
 class Rescoring:
-    """A session that scores every call afresh with `score(items) -> list[float]` (scorers that keep no state).
-    Items of a prompt with the same response tokens in a call (candidates alike at a first decision) are one input,
-    scored once."""
+    """A session that scores every call afresh with `score(items) -> Scores` (scorers that keep no state). Items of
+    a prompt with the same response tokens in a call (candidates alike at a first decision) are one input, scored
+    once."""
 
-    def __init__(self, score: Callable[[list[Scored]], list]):
+    def __init__(self, score: Callable[[list[Scored]], Scores]):
         self._score = score
 
-    def score(self, keys: Sequence[Hashable], items: list[Scored], final: Sequence[bool] | None = None) -> list:
+    def score(self, keys: Sequence[Hashable], items: list[Scored], final: Sequence[bool] | None = None) -> Scores:
+        work = Work()
         if not items:
-            return []
-        return once_per_input([(it.group, tuple(it.response_ids), it.text) for it in items],
-                              lambda idx: self._score([items[i] for i in idx]))
+            return Scores([], work)
+
+        def distinct(idx: list[int]) -> list:
+            values, ran = self._score([items[i] for i in idx])
+            work.add(ran)
+            return values
+
+        return Scores(once_per_input([(it.group, tuple(it.response_ids), it.text) for it in items], distinct), work)
 
     @torch.inference_mode()
     def release(self, keys: Sequence[Hashable]) -> None:
@@ -52,11 +60,12 @@ class LogprobScorer:
     def __init__(self, model, pad_id: int, batch_tokens: int):
         self.model, self.pad_id, self.batch_tokens = model, pad_id, batch_tokens
 
-    def session(self, meter: Meter) -> Rescoring:
-        return Rescoring(lambda items: self(items, meter))
+    def session(self) -> Rescoring:
+        return Rescoring(self)
 
     @torch.inference_mode()
-    def __call__(self, items: list[Scored], meter: Meter) -> list[float]:
+    def __call__(self, items: list[Scored]) -> Scores:
+        work = Work()
         out = [float("-inf")] * len(items)
         for i, it in enumerate(items):
             if it.response_ids and it.logprob is not None:
@@ -72,8 +81,8 @@ class LogprobScorer:
                                             [items[i].response_ids for i in idx])
             for i, logp in zip(idx, logps):
                 out[i] = float(logp.double().mean())
-            meter.count_forward("reward", torch.tensor([items[i].group for i in idx]), real)
-        return out
+            work.forward("reward", torch.tensor([items[i].group for i in idx]), real)
+        return Scores(out, work)
 
 
 class LexicalScorer:
@@ -82,16 +91,16 @@ class LexicalScorer:
     cuts_inputs = False
     session_kv_bytes_per_token = 0
 
-    def session(self, meter: Meter) -> Rescoring:
-        return Rescoring(lambda items: self(items, meter))
+    def session(self) -> Rescoring:
+        return Rescoring(self)
 
-    def __call__(self, items: list[Scored], meter: Meter) -> list[float]:
+    def __call__(self, items: list[Scored]) -> Scores:
         out = []
         for it in items:
             if it.concepts is None:
                 raise ValueError("lexical reward: this row has no concepts")
             out.append(concept_coverage(it.text, list(it.concepts)))
-        return out
+        return Scores(out, Work())
 
 
 class PythonScorer:
@@ -101,12 +110,13 @@ class PythonScorer:
     cuts_inputs = False
     session_kv_bytes_per_token = 0
 
-    def session(self, meter: Meter) -> Rescoring:
-        return Rescoring(lambda items: self(items, meter))
+    def session(self) -> Rescoring:
+        return Rescoring(self)
 
     def __init__(self, path: str, timeout_s: float = 120.0, columns: list[str] | None = None):
         self.fn = UserFunction(path, "models.reward.function", timeout_s, list(columns or []))
         self.path = path
 
-    def __call__(self, items: list[Scored], meter: Meter) -> list[float]:
-        return self.fn.floats([it.prompt for it in items], [it.text for it in items], [it.row or {} for it in items])
+    def __call__(self, items: list[Scored]) -> Scores:
+        return Scores(self.fn.floats([it.prompt for it in items], [it.text for it in items],
+                                     [it.row or {} for it in items]), Work())

@@ -11,8 +11,8 @@ token over the same context (tested equal to `RewardModelScorer` within float to
 that starts with the same tokens, in whole blocks: a candidate scored again at Speculative Rejection's next decision
 is fed only what follows the last full block of its earlier input that vLLM still holds, and a prompt's blocks serve
 all of its candidates. Nothing is kept here between calls (`session` scores every call afresh), so the hf engine's
-memory plan counts nothing for it (`incremental` False): its cache is its own, `models.reward.kv_cache_mb`. The
-meter counts the tokens vLLM computed (each input less its cached tokens), one forward per prompt per call.
+memory plan counts nothing for it (`incremental` False): its cache is its own, `models.reward.kv_cache_mb`. A call
+records the tokens vLLM computed (each input less its cached tokens), one forward per prompt per call.
 """
 
 from __future__ import annotations
@@ -24,11 +24,12 @@ import time
 import torch
 
 from stores.model_folders import PROCESS_REWARD, REWARD
-from workers.accounting.cost import Meter
+from workers.accounting.work import Work
 from workers.decoding.kvcache import context_length, kv_bytes_per_token
 from workers.loading import checkpoint_dtype, pick_dtype, reward_folder
 from workers.scoring.items import Scored, last_real, reward_inputs
 from workers.scoring.process_reward import Steps
+from workers.scoring.protocol import Scores
 from workers.scoring.scorers import Rescoring
 from workers.vllm_runtime import (
     CPU_BLOCK_SIZE,
@@ -110,18 +111,20 @@ class VllmRewardScorer:
         log.info("vLLM reward engine for %s up in %.1f s", self.spec, time.perf_counter() - t0)
         return llm
 
-    def inputs(self, items: list[Scored], meter: Meter) -> list[list[int]]:
-        """Each item's reward input (cut to the context where longer), ending at its last non-pad token."""
-        encoded, _ = reward_inputs(self.tok, self.max_len, items, meter)
+    def inputs(self, items: list[Scored], work: Work) -> list[list[int]]:
+        """Each item's reward input (cut to the context where longer, recorded in `work`), ending at its last
+        non-pad token."""
+        encoded, _ = reward_inputs(self.tok, self.max_len, items, work)
         return [ids[: last_real(ids, self.head_pad) + 1] for ids in encoded]
 
-    def __call__(self, items: list[Scored], meter: Meter) -> list[float]:
+    def __call__(self, items: list[Scored]) -> Scores:
+        work = Work()
         if not items:
-            return []
+            return Scores([], work)
         if self.steps is not None:
-            inputs, counts = self.steps.inputs(self.tok, self.max_len, items, meter)
+            inputs, counts = self.steps.inputs(self.tok, self.max_len, items, work)
         else:
-            inputs = self.inputs(items, meter)
+            inputs = self.inputs(items, work)
         task = "classify" if self.steps is None else "token_classify"
 
         def encode():
@@ -133,12 +136,12 @@ class VllmRewardScorer:
 
         outputs = self.thread.call(encode)
         computed = [len(ids) - int(out.num_cached_tokens or 0) for ids, out in zip(inputs, outputs)]
-        meter.count_forward(self.role, torch.tensor([it.group for it in items]), torch.tensor(computed))
+        work.forward(self.role, torch.tensor([it.group for it in items]), torch.tensor(computed))
         if self.steps is not None:
-            return [self.steps.reward(out.outputs.data.reshape(len(ids), -1).float().cpu(), ids, self.tag_id, n)
-                    for ids, out, n in zip(inputs, outputs, counts)]
-        return [float(out.outputs.data.reshape(-1)[0]) for out in outputs]
+            return Scores([self.steps.reward(out.outputs.data.reshape(len(ids), -1).float().cpu(), ids, self.tag_id, n)
+                           for ids, out, n in zip(inputs, outputs, counts)], work)
+        return Scores([float(out.outputs.data.reshape(-1)[0]) for out in outputs], work)
 
-    def session(self, meter: Meter) -> Rescoring:
+    def session(self) -> Rescoring:
         """Every call scored afresh: vLLM's prefix cache holds what the earlier calls computed."""
-        return Rescoring(lambda items: self(items, meter))
+        return Rescoring(self)
