@@ -118,6 +118,7 @@ for _ in range(3):
 """
 # The issue's list: each bad sample, and how its verdict begins (a prefix, or a tuple of them). None passes; each
 # ends within its limit.
+REFUSED = ("error: FileNotFoundError", "error: PermissionError", "error: OSError: [Errno 30]")
 BAD = {
     "loops forever": ("while True:\n    pass", ("cpu time", "timeout")),  # which comes first: the machine's load
     "sleeps forever": ("import time\ntime.sleep(60)", "timeout"),
@@ -125,9 +126,10 @@ BAD = {
     "allocates 6 GB": ("x = bytearray(6 * 2**30)", "memory"),
     "fork bomb": ("import os\nwhile True:\n    os.fork()", "too many processes"),
     "hundreds of processes": (FORGED.replace("range(3)", "range(300)"), "too many processes"),
-    "writes to /tmp": (f"open('/tmp/{MARKER}', 'w').write('x')", "error: FileNotFoundError"),
-    "writes to the repository": (f"open({str(ROOT / MARKER)!r}, 'w').write('x')", "error: PermissionError"),
-    "writes to /root": (f"open('/root/{MARKER}', 'w').write('x')", "error: PermissionError"),
+    # each folder is absent in the sandbox, or bound read-only, or made by bwrap (root's) to hold a bind inside it
+    "writes to /tmp": (f"open('/tmp/{MARKER}', 'w').write('x')", REFUSED),
+    "writes to the repository": (f"open({str(ROOT / MARKER)!r}, 'w').write('x')", REFUSED),
+    "writes to /root": (f"open('/root/{MARKER}', 'w').write('x')", REFUSED),
     "exit(0)": ("exit(0)", "exited before the tests ended"),
     "sys.exit(0)": ("import sys\nsys.exit(0)", "exited before the tests ended"),
     "os._exit(0)": ("import os\nos._exit(0)", "exited before the tests ended"),

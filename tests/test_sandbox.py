@@ -170,6 +170,23 @@ def test_the_memory_limit_refuses_6_gb(kind):
     assert result.exit_code == 1 and result.limit == "memory"
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="a caller that is not root runs the program as itself")
+def test_a_bound_folder_that_others_cannot_enter_is_readable_and_stays_read_only(tmp_path):
+    """A venv made by `mktemp -d` (mode 0700, as CI makes its own): the sandbox's uid reads and runs what is in it,
+    follows its links, and writes nothing there."""
+    closed = tmp_path / "closed"
+    (closed / "lib").mkdir(parents=True)
+    (closed / "lib" / "data.txt").write_text("inside")
+    (closed / "lib" / "data.txt").chmod(0o644)
+    (closed / "link.txt").symlink_to("lib/data.txt")
+    closed.chmod(0o700)
+    program = (f"import os\nprint(open({str(closed / 'link.txt')!r}).read())\n"
+               f"try:\n    open({str(closed / 'new.txt')!r}, 'w')\nexcept OSError as e:\n    print(type(e).__name__)\n")
+    result = run("bwrap", {"main.py": program}, PY + ["main.py"], Limits(), binds=(str(closed),))
+    assert result.stdout.split() == ["inside", "PermissionError"], result
+    assert sorted(p.name for p in closed.iterdir()) == ["lib", "link.txt"]
+
+
 def test_the_process_limit_binds_on_a_fork_bomb():
     program = ("import os, time\n"
                "children = 0\n"

@@ -410,11 +410,24 @@ def _bwrap_options(folder: Path, env: dict, binds, uid: int) -> list[str]:
             if str(parent) not in made:
                 out += ["--perms", "0755", "--dir", str(parent)]
                 made.add(str(parent))
-        out += ["--ro-bind", path, path]
+        out += _ro_bind(path, opened=uid >= 0)
         bound.add(path)
     out += ["--bind", str(folder), INSIDE, "--chdir", INSIDE, "--clearenv"]
     for key, value in env.items():
         out += ["--setenv", key, value]
+    return out
+
+
+def _ro_bind(path: str, opened: bool) -> list[str]:
+    """bwrap's arguments to bind `path` read-only. Where `opened`, the program runs under a uid of its own, and a
+    folder that others cannot enter (a venv made by `mktemp -d`, a home at 0700) is made as a 0755 folder with its
+    entries bound inside it (links as links), down to folders that others can enter; files keep their own modes."""
+    if not opened or os.path.islink(path) or not os.path.isdir(path) or os.stat(path).st_mode & 0o005 == 0o005:
+        return ["--ro-bind", path, path]
+    out = ["--perms", "0755", "--dir", path]
+    for name in sorted(os.listdir(path)):
+        inner = os.path.join(path, name)
+        out += ["--symlink", os.readlink(inner), inner] if os.path.islink(inner) else _ro_bind(inner, opened)
     return out
 
 
