@@ -4,7 +4,7 @@ instruction prompts, and SmolLM2-135M-Instruct, a real instruct model built from
 `builtin:NAME` in a job config resolves through `resolve(spec)`, the one place that knows those names. Two kinds:
 
 - bundled (`BUILTINS`): committed folders and files that travel with the code; the job driver resolves a config's
-  names (`pipeline.preflight.resolved`) before any worker sees it, so the workers take plain paths and never import
+  names (`pipeline.preflight.resolved`) before any actor sees it, so `workers/` takes plain paths and never imports
   this package. A fresh clone needs no build and no network; `python -m assets.build` rebuilds the tiny models
   deterministically and `python -m assets.measure` re-measures them (see assets/README.md).
 - built on the node that uses them (`BUILT`: `builtin:smollm2-135m-instruct`, `assets.smollm2`): converted into a
@@ -107,7 +107,7 @@ def built_parameters(spec: str) -> int:
 
 
 def resolve(spec: str) -> str:
-    """A model or data location as the workers take it: ``builtin:NAME`` -> the bundled folder's (or file's)
+    """A model or data location as `workers/` takes it: ``builtin:NAME`` -> the bundled folder's (or file's)
     absolute path, or for an asset built on the node, its folder in this node's cache, built first if need be
     (`smollm2.AssetUnavailable` when its extra is missing); anything else (a local path, an s3:// or other fsspec
     URL) as given. KeyError naming the known assets when NAME is unknown."""
@@ -120,8 +120,8 @@ def resolve(spec: str) -> str:
 
 def prompt_items(name: str = "demo-prompts", first: int = 0, count: int | None = None) -> list[dict]:
     """The bundled prompt set `name` (rows `first` to `first + count`, in the order a job reads them) as the driver
-    hands prompts to a worker: prompt_id, prompt (one user message) and concepts where the row has them. For tests
-    and benches that drive the workers without a job."""
+    hands prompts to an actor: prompt_id, prompt (one user message) and concepts where the row has them. For tests
+    and benches that drive `workers/` without a job."""
     path = builtin_path(name)
     files = sorted(path.glob("*.jsonl")) if path.is_dir() else [path]
     rows = []

@@ -174,7 +174,7 @@ class Case:
             "method": method,
             "generation": {"max_new_tokens": self.max_new_tokens, "temperature": 1.0},
             "output": {"path": out},
-            "resources": {"prompts_per_batch": len(self.items), "gpus_per_worker": gpus},
+            "resources": {"prompts_per_call": len(self.items), "gpus_per_actor": gpus},
         }))
 
     def figures(self, rows: list[dict]) -> dict:
@@ -357,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1, help="torch threads (hf engine)")
     ap.add_argument("--new-tokens", type=int, default=None, help="generation.max_new_tokens (default: the case's)")
     ap.add_argument("--kv-cache-mb", type=float, default=None, help="models.kv_cache_mb (default: the engine's)")
-    ap.add_argument("--gpus", type=float, default=0, help="resources.gpus_per_worker (1: the hf engine on a GPU, "
+    ap.add_argument("--gpus", type=float, default=0, help="resources.gpus_per_actor (1: the hf engine on a GPU, "
                     "where wall seconds are the device's)")
     ap.add_argument("--dtype", default="auto", help="models.dtype")
     ap.add_argument("--reward-levels", type=int, default=None,

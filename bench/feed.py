@@ -1,13 +1,14 @@
 """Continuous batching across actor calls (`workers.pool.loop`) against one call at a time: `python -m bench.feed`.
 
-An actor receives its prompts as Ray Data batches of `prompts_per_batch`. Before the loop took two calls it decoded one
-batch at a time: the batch's rows that finish early leave, and its last rows run alone until the longest ends.
-With the feed the actor takes two batches at once and both feed one decoding loop, so the next batch's prompts take
-the places of the rows that finish. Both sides here run on one loaded Runner, the same batches in the same order:
+An actor receives its prompts in calls of `resources.prompts_per_call` prompts. Before the loop took two calls it
+decoded one call at a time: the call's sequences that finish early leave, and its last ones run alone until the
+longest ends. With the feed the actor takes two calls at once and both feed one decoding loop, so the next call's
+prompts take the places of the sequences that finish. Both sides here run on one loaded Runner, the same calls in the
+same order:
 
-- **one call at a time** (the default, `resources.feed_calls: false`): each batch through `Runner.run` from one
-  thread, its prompts joining one batch as memory frees, one call after another, as Ray Data calls the actor;
-- **two calls, one loop** (`resources.feed_calls: true`): two threads, each taking the next batch and calling
+- **one call at a time** (the default, `resources.feed_calls: false`): each call through `Runner.run` from one
+  thread, its prompts joining one decoding batch as memory frees, one call after another, as Ray Data calls the actor;
+- **two calls, one loop** (`resources.feed_calls: true`): two threads, each taking the next call's prompts and calling
   `Runner.run`, as Ray Data calls an actor with `max_concurrent_calls_per_actor=2`.
 
 Figures: generated tokens, the process's CPU seconds (`time.process_time`, every thread), wall seconds, engine
@@ -39,7 +40,7 @@ from bench.common import table
 from pipeline.preflight import resolved
 from schemas.config import validate_config
 
-CASES = {  # model: list of (label, method, prompts, prompts_per_batch, max_new_tokens)
+CASES = {  # model: list of (label, method, prompts, prompts_per_call, max_new_tokens)
     "tiny": [
         ("best_of_n n=16", {"name": "best_of_n", "n": 16}, 32, 4, 96),
         ("SR n=16 k=8", {"name": "speculative_rejection", "n": 16, "alpha": 0.5, "schedule": "fixed",
@@ -152,7 +153,7 @@ def configs(model: str, folders: dict | None, method: dict, ppb: int, new_tokens
         "method": method,
         "generation": {"max_new_tokens": new_tokens, "temperature": 1.0},
         "output": {"path": "runs/bench-feed"},
-        "resources": {"prompts_per_batch": ppb, "feed_calls": feed},
+        "resources": {"prompts_per_call": ppb, "feed_calls": feed},
     }
     return resolved(validate_config(raw))
 

@@ -212,6 +212,50 @@ def gpu() -> str:
                   "generate peak MiB", "SR / BoN tokens", "SR / BoN wall s"], rows))
 
 
+def gpu_check() -> str:
+    """bench.gpu_check: the hf engine (static and dynamic step) against generate(), and SR against Best-of-n, on one
+    device, with the device, versions and anything the budget skipped."""
+    f = load("gpu-check")
+    where = f["device"] if f["mode"] == "gpu" else \
+        "cpu (`--cpu`: the script's own check at tiny sizes, not a GPU's figures)"
+    rows = []
+    for e in f["versus_generate"]:
+        for r in e["runs"]:
+            g = r["generate"]
+            for step in ("static", "dynamic"):
+                a = r[step]
+                rows.append([e["shape"], f"N = {r['n']}", f"engine, {step} step", "generate()",
+                             f"{a['wall_s']:.2f} / {g['wall_s']:.2f}", f"{a['tok_per_s']:,.0f} / {g['tok_per_s']:,.0f}",
+                             f"{a['decoding_steps']:,.0f} / {g['decoding_steps']:,.0f}", "",
+                             f"**{a['tok_per_s'] / g['tok_per_s']:.2f}x** tokens/s"])
+    for e in f["rejection"]:
+        for r in e["runs"]:
+            a, b = r["SR"], r["BoN"]
+            rows.append([e["case"], f"n = {r['n']}", "SR, alpha 0.5", "Best-of-n",
+                         f"{a['wall_s']:.2f} / {b['wall_s']:.2f}",
+                         f"{a['generated_tokens'] / a['wall_s']:,.0f} / {b['generated_tokens'] / b['wall_s']:,.0f}",
+                         f"{a['decoding_steps']:,.0f} / {b['decoding_steps']:,.0f}",
+                         f"{a['reward_forwards']:,} / {b['reward_forwards']:,}",
+                         f"**{r['SR / BoN']['wall_s']:.2f}x** wall"])
+    head = (f"{where}, {f['dtype']}, torch {f['torch']}, transformers {f['transformers']}; {f['elapsed_s']:.0f} s in "
+            "all" + (f"; skipped for the budget: {'; '.join(f['skipped'])}" if f["skipped"] else "") + "\n\n")
+    return head + md(["case", "N", "side A", "side B", "wall s, A / B", "tokens/s, A / B", "decoding steps, A / B",
+                      "reward forwards, A / B", "A / B"], rows)
+
+
+def static_step() -> str:
+    """bench.static_step: the static step against the dynamic one on the CPU, in CPU seconds, with the load."""
+    f = load("static-step")
+    names = {"tiny-bon": "tiny trio, Best-of-16, 32 prompts", "tiny-sr": "tiny trio, SR n = 16, 32 prompts",
+             "smollm2-shape": "SmolLM2-135M shape, Best-of-16, 2 prompts"}
+    rows = [[names.get(name, name), f"{c['dynamic']['cpu_s']:.2f}", f"{c['static']['cpu_s']:.2f}",
+             f"**{c['static / dynamic']['cpu_s']:.2f}x**", "yes" if c["same_rows"] else "no"]
+            for name, c in f["cases"].items()]
+    return (md(["case", "dynamic CPU s", "static CPU s", "static / dynamic", "same rows"], rows)
+            + f"\nLeast of {f['repeats']} alternating runs a side, {f['threads']} torch thread, torch {f['torch']}; "
+            f"load average {f['load_before'][0]:.1f} before, {f['load_after'][0]:.1f} after.\n")
+
+
 def verified_word_problems() -> str:
     """What a verified answer costs on SmolLM2's word problems, per method (bench.verified), with its command and
     machine."""
@@ -249,6 +293,8 @@ RENDER: dict[str, Callable[[], str]] = {
     "verified-word-problems": verified_word_problems,
     "bill-gpu": bill_gpu,
     "gpu": gpu,
+    "gpu-check": gpu_check,
+    "static-step": static_step,
     "gpu-forwards": gpu_forwards,
     "quickstart-summary": quickstart_summary,
     "quickstart-bill": quickstart_bill,

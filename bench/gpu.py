@@ -69,7 +69,7 @@ class Bench:
                        "reward": {"kind": "model", "path": str(self.folders["reward"])}},
             "method": method,
             "generation": {"max_new_tokens": self.new_tokens, "temperature": 1.0, "top_k": 0, "top_p": 1.0},
-            "resources": {"gpus_per_worker": 1 if self.cuda else 0},
+            "resources": {"gpus_per_actor": 1 if self.cuda else 0},
             "output": {"path": "runs/bench-gpu"},
         }
         return resolved(validate_config(raw))

@@ -45,10 +45,10 @@ def job(engine: str, method: dict, reward: dict, source: str, max_new_tokens: in
 
     models = {"target": TARGET, "reward": reward, "engine": engine}
     if engine == "vllm":
-        models["vllm_max_num_seqs"] = max(256, method.get("n", 1))
+        models["max_num_seqs"] = max(256, method.get("n", 1))
     raw = {"name": "bench-real", "seed": seed, "data": {"source": source, "id_column": "id"}, "models": models,
            "method": method, "generation": {"max_new_tokens": max_new_tokens, "temperature": 1.0},
-           "output": {"path": "runs/bench-real"}, "resources": {"prompts_per_batch": per_call}}
+           "output": {"path": "runs/bench-real"}, "resources": {"prompts_per_call": per_call}}
     return resolved(validate_config(raw), on_node=True)
 
 
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.real_model", description=__doc__.splitlines()[0])
     p.add_argument("--engines", nargs="+", default=["hf", "vllm"], choices=["hf", "vllm"])
     p.add_argument("--prompts", type=int, default=16, help="instructions (logprob) and concept prompts (lexical)")
-    p.add_argument("--per-call", type=int, default=4, help="prompts per Runner.run call (prompts_per_batch)")
+    p.add_argument("--per-call", type=int, default=4, help="prompts per Runner.run call (prompts_per_call)")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--bon", type=int, nargs="+", default=[8, 16, 32, 64])
     p.add_argument("--sr", type=int, nargs="+", default=[32, 64])

@@ -4,8 +4,8 @@ Three runs of one job (the tiny target, Best-of-4, 16 new tokens, the logprob re
 `--prompts` synthetic prompts), each on a Ray cluster of its own made by `ray.cluster_utils.Cluster`: real raylets
 and actors, all on this machine. The head has no CPUs (the driver and Ray's services run there; no actor fits it).
 
-- **one node**: the head and one 1-CPU worker node, `resources.workers: 1`: the clean run, and the baseline;
-- **3 nodes**: the head and three 1-CPU worker nodes, `resources.workers: {min: 4, max: 5}` (one actor more than
+- **one node**: the head and one 1-CPU worker node, `resources.actors: 1`: the clean run, and the baseline;
+- **3 nodes**: the head and three 1-CPU worker nodes, `resources.actors: {min: 4, max: 5}` (one actor more than
   the nodes hold: it waits for room), `max_retries: 2`;
 - **3 nodes, one lost, one added**: the same, and a fourth worker node joins as the first batch runs (`--add-at`);
   at `--lose-at` of the prompts committed, once the added node has run a batch (at 0.8 whatever it ran), one of the
@@ -71,7 +71,7 @@ def job(source: Path, out: Path, args, workers, max_retries: int) -> dict:
         "method": {"name": "best_of_n", "n": args.n},
         "generation": {"max_new_tokens": args.max_new_tokens},
         "output": {"path": str(out)},
-        "resources": {"workers": workers, "prompts_per_batch": args.prompts_per_batch, "max_retries": max_retries},
+        "resources": {"actors": workers, "prompts_per_call": args.prompts_per_batch, "max_retries": max_retries},
     }
 
 

@@ -45,7 +45,7 @@ sys.modules["step_lead_reward"] = mod
 cfg = {"name": "step-lead", "seed": 0, "data": {"source": "builtin:demo-prompts"},
        "models": {"target": model, "reward": {"kind": "python", "function": "step_lead_reward:score"}},
        "method": {"name": "best_of_n", "n": 64}, "generation": {"max_new_tokens": 64, "temperature": 1.0},
-       "output": {"path": "unused"}, "resources": {"prompts_per_batch": 1}}
+       "output": {"path": "unused"}, "resources": {"prompts_per_call": 1}}
 runner = Runner(resolved(validate_config(cfg)))
 target = runner.engine.target if hasattr(runner, "engine") else runner.target
 words = ["a", "b", "c", "d"]

@@ -57,7 +57,7 @@ def job(target: str, method: dict, engine: str, max_new_tokens: int, reward: dic
 
     models = {"target": target, "reward": reward or {"kind": "lexical"}, "engine": engine}
     if engine == "vllm":
-        models.update(vllm_kv_cache_mb=KV_CACHE_MB, vllm_max_num_seqs=max(256, method.get("n", 1)))
+        models.update(kv_cache_mb=KV_CACHE_MB, max_num_seqs=max(256, method.get("n", 1)))
     cfg = dict(BASE, models=models, method=method, generation=dict(BASE["generation"], max_new_tokens=max_new_tokens))
     return resolved(validate_config(cfg))
 
@@ -205,7 +205,7 @@ def matched(reward: float, bon: dict[int, dict]) -> tuple[float, int] | None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prompts", type=int, default=32, help="number of demo prompts (from the first)")
-    ap.add_argument("--per-call", type=int, default=4, help="prompts per run() call (resources.prompts_per_batch)")
+    ap.add_argument("--per-call", type=int, default=4, help="prompts per run() call (resources.prompts_per_call)")
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--repeats", type=int, default=2, help="runs per throughput figure; wall-clock is the best")
     ap.add_argument("--ns", default="16,64", help="N values of the throughput comparison")

@@ -50,8 +50,14 @@ def parse(p: Parser, argv: list[str] | None) -> argparse.Namespace:
 
 
 def load(args: argparse.Namespace) -> JobConfig:
-    """The validated config; ConfigError (every problem at once) otherwise."""
-    return load_config(args.config, args.overrides)
+    """The validated config; ConfigError (every problem at once) otherwise. A setting under its old name reads as
+    its new one, with a warning line on stderr (`warn_deprecated`)."""
+    return load_config(args.config, args.overrides, warn=warn_deprecated)
+
+
+def warn_deprecated(line: str) -> None:
+    """One warning line on stderr: a setting of the config under its old name (`schemas.compat.deprecated`)."""
+    print(f"winnow: warning: {line}", file=sys.stderr)
 
 
 def report(prog: str, err: Exception) -> int:

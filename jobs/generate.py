@@ -8,7 +8,7 @@ captured with `> FILE` or by `ray job submit` holds it; stderr keeps the warning
 The same entry point runs on a laptop (it starts a local Ray) and on a cluster
 (`ray job submit --working-dir . -- python -m jobs.generate CONFIG`, which joins the cluster). The steps are
 `pipeline.job`'s: check (exit 2, nothing written), connect and read the prompts (exit 2 for a bad source, nothing
-written), then execute; a failed batch exits 1 and an interrupt 130, keeping the rows written so far.
+written), then execute; a failed call exits 1 and an interrupt 130, keeping the rows written so far.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
                         "line every few seconds (WINNOW_PROGRESS_S sets the seconds)")
     p.add_argument("--verbose", action="store_true",
                    help="show Ray's raw output: Ray Data's progress and Ray's INFO lines, the model-loading bars of "
-                        "the workers and the deprecation warnings of the pipeline's Ray calls (hidden by default)")
+                        "the actors and the deprecation warnings of the pipeline's Ray calls (hidden by default)")
     p.add_argument("--allow-working-dir-paths", action="store_true",
                    help="under `ray job submit`, accept an output.path or data.source inside Ray's copy of the "
                         "job's working directory (refused by default: Ray deletes it)")
@@ -56,10 +56,10 @@ def main(argv: list[str] | None = None) -> int:
         display = None if how is None else progress.Display(how, sys.stdout, PROG, every=progress.look_interval())
         from pipeline import job  # imports Ray: only once the arguments and the config are good
 
-        plan = job.check(config, args.overwrite, args.allow_working_dir_paths)
+        checked = job.check(config, args.overwrite, args.allow_working_dir_paths)
         from runfolder.lease import Lease, lease_path
 
-        lease = Lease(plan.folder.fs, lease_path(plan.folder.path), PROG, f"output.path: {plan.folder.uri}")
+        lease = Lease(checked.folder.fs, lease_path(checked.folder.path), PROG, f"output.path: {checked.folder.uri}")
         lease.acquire()  # one writer per run folder: a second run exits 2 naming this one
     except (config_args.ArgumentError, ConfigError, InputError) as err:
         return config_args.report(PROG, err)
@@ -71,9 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     previous = signal.SIG_DFL if previous is None else previous  # None: a handler set outside Python
     try:
         if lease.taken_over is not None:
-            print(f"{PROG}: {plan.folder.uri} was held by a run that did not end cleanly "
+            print(f"{PROG}: {checked.folder.uri} was held by a run that did not end cleanly "
                   f"({lease.taken_over.describe()}); taking it over", flush=True)
-        return _run(plan, args.verbose, display)
+        return _run(checked, args.verbose, display)
     except KeyboardInterrupt:  # before the run started (`execute` handles its own): nothing was written
         print(f"{PROG}: interrupted before the run started", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -82,13 +82,13 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(signal.SIGTERM, previous)
         lease.release()
         if lease.lost:
-            print(f"{PROG}: warning: {lease.lost}; another run may have written {plan.folder.uri} meanwhile",
+            print(f"{PROG}: warning: {lease.lost}; another run may have written {checked.folder.uri} meanwhile",
                   file=sys.stderr)
         if lease.release_problem:
             print(f"{PROG}: warning: {lease.release_problem}", file=sys.stderr)
 
 
-def _run(plan, verbose: bool = False, display: Display | None = None) -> int:
+def _run(checked, verbose: bool = False, display: Display | None = None) -> int:
     from pipeline import job
     from pipeline.raydata import set_verbose, short_error
 
@@ -104,10 +104,10 @@ def _run(plan, verbose: bool = False, display: Display | None = None) -> int:
     # `ray job stop` (and a plain kill) sends SIGTERM: the run ends like Ctrl-C, so the manifest says it did not
     # finish and the lease is given back. Set after ray.init, whose core worker installs its own handler.
     with interrupts():
-        return _execute(plan, ours, display)
+        return _execute(checked, ours, display)
 
 
-def _execute(plan, ours: bool, display: Display | None = None) -> int:
+def _execute(checked, ours: bool, display: Display | None = None) -> int:
     from pipeline import job
     from pipeline.raydata import short_error
 
@@ -116,12 +116,12 @@ def _execute(plan, ours: bool, display: Display | None = None) -> int:
 
     try:  # a node must hold one actor, or an autoscaler add one in time, and its models fit its share of a GPU
         say = lambda line: print(f"{PROG}: {line}", flush=True)  # noqa: E731
-        check_room(plan.config, log=say)
-        check_share(plan.config, log=say)
+        check_room(checked.config, log=say)
+        check_share(checked.config, log=say)
     except InputError as err:
         return config_args.report(PROG, err)
     try:
-        staged = None if plan.reuses_prompts else job.stage_prompts(plan)
+        staged = None if checked.reuses_prompts else job.stage_prompts(checked)
     except InputError as err:
         return config_args.report(PROG, err)
     except Exception as err:  # not the source's fault (a dead Ray worker, a bug): a run-time failure, nothing written
@@ -129,15 +129,15 @@ def _execute(plan, ours: bool, display: Display | None = None) -> int:
         return EXIT_RUNTIME
 
     try:
-        usd_rate = plan.config.cost.usd_per_device_hour
+        usd_rate = checked.config.cost.usd_per_device_hour
         watch = None if display is None else (
-            lambda before, total: display.shown(plan.folder, before, total, usd_rate))
-        outcome = job.execute(plan, staged, log=lambda line: print(f"{PROG}: {line}", flush=True), watch=watch)
+            lambda before, total: display.shown(checked.folder, before, total, usd_rate))
+        outcome = job.execute(checked, staged, log=lambda line: print(f"{PROG}: {line}", flush=True), watch=watch)
     except Exception as err:  # the store failed before the run started (an outage): a run-time failure, said once
         print(f"{PROG}: the job failed before it started: {short_error(err)}\n{PROG}: run the same command again "
-              f"once {plan.folder.uri} can be written", file=sys.stderr)
+              f"once {checked.folder.uri} can be written", file=sys.stderr)
         return EXIT_RUNTIME
-    where = plan.folder.uri
+    where = checked.folder.uri
     if outcome.status != "succeeded" and ours:
         # the tasks Ray Data abandoned may still hold errors nobody will read, which Ray logs as "Unhandled error"
         # when their references go, from a thread of its own: collected and disconnected here, so that Ray says
@@ -151,7 +151,7 @@ def _execute(plan, ours: bool, display: Display | None = None) -> int:
         print(f"{PROG}: the job failed: {outcome.error}\n{PROG}: rows written so far are kept in {where}; "
               "run the same command again to resume", file=sys.stderr)
         return EXIT_RUNTIME
-    print(job.summary_table(outcome.tally, plan.config, outcome.new_rows, outcome.seconds))
+    print(job.summary_table(outcome.tally, checked.config, outcome.new_rows, outcome.seconds))
     print(f"{PROG}: wrote {where}/candidates and {where}/manifest.json")
     return EXIT_OK
 

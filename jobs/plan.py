@@ -62,10 +62,13 @@ def _load(args):
     from planning.projection import Question
     from planning.sample import default_size, parse_size
     from planning.sweep import check_methods, default_methods, parse_methods, unique
+    from schemas.compat import deprecated
     from schemas.config import apply_overrides, read_yaml_mapping, validate_config
 
     raw = apply_overrides(read_yaml_mapping(args.config), args.overrides)
     job = validate_config(raw, args.config)
+    for line in deprecated(raw):
+        config_args.warn_deprecated(line)
     problems = []
     if args.budget_usd is not None and not args.budget_usd > 0:  # finite: config_args.finite_float
         problems.append(f"--budget-usd {args.budget_usd:g}: must be a number of USD above 0")

@@ -33,6 +33,8 @@ def main(argv: list[str] | None = None) -> int:
         from rounds.config import read_recipe
 
         checked = read_recipe(args.config, args.overrides)  # its problems are said with every later check's
+        for line in checked.deprecated:
+            config_args.warn_deprecated(line)
     except (config_args.ArgumentError, ConfigError, InputError) as err:
         return config_args.report(PROG, err)
     except SystemExit as exc:  # --help

@@ -1,16 +1,16 @@
 """Whether the Ray cluster can hold the job's actors, asked after `pipeline.job.connect` and before anything is
 written (`check_room`).
 
-An actor asks Ray for `resources.cpus_per_worker` CPUs and `resources.gpus_per_worker` GPUs, all on one node. Ray
+An actor asks Ray for `resources.cpus_per_actor` CPUs and `resources.gpus_per_actor` GPUs, all on one node. Ray
 never refuses a request that no node can meet: it waits for one, and Ray Data only warns that the job "may hang
 forever". So `check_room` compares the request with the total resources of every alive node (`ray.nodes()`), before
 the prompts are staged or the run folder is touched:
 
 - **A node holds an actor.** The run goes on. Where the nodes hold fewer actors than the pool starts with
-  (`resources.workers`, or its `min`), it says so: Ray Data runs the actors that fit, and the others start when a
-  node with room joins (a pool of `workers: 3` on one 2-CPU node runs 2 actors and finishes).
+  (`resources.actors`, or its `min`), it says so: Ray Data runs the actors that fit, and the others start when a
+  node with room joins (a pool of `actors: 3` on one 2-CPU node runs 2 actors and finishes).
 - **No node holds one, and no autoscaler can add one.** `InputError` (exit 2), naming the field, what one actor
-  asks for and what the nodes have (`gpus_per_worker: 1` on a machine without a GPU).
+  asks for and what the nodes have (`gpus_per_actor: 1` on a machine without a GPU).
 - **No node holds one, but an autoscaler may add one.** It says it waits for the autoscaler, asks the autoscaler for
   a node that holds one actor (`ray.autoscaler.sdk.request_resources`, withdrawn when the wait ends, whatever its
   end), and waits up to `resources.wait_for_nodes_s` seconds for such a node to join; then it gives up (exit 2,
@@ -53,7 +53,7 @@ from schemas.base import InputError
 from schemas.config import JobConfig, ResourcesConfig
 
 # The config fields of the resources an actor asks for
-FIELDS = {"CPU": "resources.cpus_per_worker", "GPU": "resources.gpus_per_worker"}
+FIELDS = {"CPU": "resources.cpus_per_actor", "GPU": "resources.gpus_per_actor"}
 POLL_S = 2.0  # between two looks at the nodes while waiting for the autoscaler
 BOOTSTRAP_CONFIG = "~/ray_bootstrap_config.yaml"  # where `ray up` puts the cluster launcher's config on the head
 _SLACK = 1e-6  # Ray keeps resource amounts to 4 decimals: 0.1 + 0.2 CPUs fit a node of 0.3
@@ -104,9 +104,9 @@ class Room:
 
 def actor_shape(resources: ResourcesConfig) -> dict[str, float]:
     """The resources one actor asks Ray for, on one node."""
-    shape = {"CPU": float(resources.cpus_per_worker)}
-    if resources.gpus_per_worker > 0:
-        shape["GPU"] = float(resources.gpus_per_worker)
+    shape = {"CPU": float(resources.cpus_per_actor)}
+    if resources.gpus_per_actor > 0:
+        shape["GPU"] = float(resources.gpus_per_actor)
     return shape
 
 
@@ -326,17 +326,17 @@ def check_room(config: JobConfig, log: Callable[[str], None] = print, *,
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Actors that share a GPU (resources.gpus_per_worker below 1)
+# Actors that share a GPU (resources.gpus_per_actor below 1)
 
 SHARE_USABLE = 0.9  # of an actor's share of a GPU, what its models and caches may fill (vLLM's own default)
 WEIGHT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "auto": 2}  # on a GPU, auto is a 16-bit dtype
 
 
 def share_problems(config: JobConfig, device_bytes: int, device: str, parameters: dict[str, int | None]) -> list[str]:
-    """Why the job's models cannot fit an actor's share of a GPU (resources.gpus_per_worker below 1: Ray packs
-    1 / gpus_per_worker actors on a device), or []: their weights alone, at models.dtype on a GPU, must leave room
-    in SHARE_USABLE of the share (the engines then size their KV space to the rest: workers.accounting.memory)."""
-    share = config.resources.gpus_per_worker
+    """Why the job's models cannot fit an actor's share of a GPU (resources.gpus_per_actor below 1: Ray packs
+    1 / gpus_per_actor actors on a device), or []: their weights alone, at models.dtype on a GPU, must leave room
+    in SHARE_USABLE of the share (the engines then size their KV cache to the rest: workers.accounting.memory)."""
+    share = config.resources.gpus_per_actor
     if not 0 < share < 1:
         return []
     per = WEIGHT_BYTES[config.models.dtype]
@@ -348,7 +348,7 @@ def share_problems(config: JobConfig, device_bytes: int, device: str, parameters
     gib = 2**30
     parts = ", ".join(f"{role} {b / gib:.1f} GiB" for role, b in weights.items())
     least = need / (device_bytes * SHARE_USABLE)
-    return [f"resources.gpus_per_worker: {share:g} of a GPU ({device}, {device_bytes / gib:.1f} GiB) gives an actor "
+    return [f"resources.gpus_per_actor: {share:g} of a GPU ({device}, {device_bytes / gib:.1f} GiB) gives an actor "
             f"{room / gib:.1f} GiB, and the models' weights alone take {need / gib:.1f} GiB ({parts}, "
             f"{'2 bytes' if per == 2 else '4 bytes'} a parameter); give each actor at least {least:.2f} of a GPU, or "
             "smaller models"]
@@ -378,10 +378,10 @@ def probe_gpu(share: float, timeout_s: float = 300.0) -> tuple[int, str] | None:
 
 def check_share(config: JobConfig, log: Callable[[str], None] = print, probe: Callable = probe_gpu,
                 count: Callable | None = None) -> None:
-    """InputError (exit 2) where actors that share a GPU (resources.gpus_per_worker below 1) cannot fit their models
+    """InputError (exit 2) where actors that share a GPU (resources.gpus_per_actor below 1) cannot fit their models
     in their share of the device a probe task reads (`share_problems`); nothing where each actor has a whole GPU or
     none, or where no probe could run (said)."""
-    share = config.resources.gpus_per_worker
+    share = config.resources.gpus_per_actor
     if not 0 < share < 1:
         return
     from pipeline.preflight import count_model, resolved
@@ -408,7 +408,7 @@ def check_share(config: JobConfig, log: Callable[[str], None] = print, probe: Ca
 def _said(room: Room, r: ResourcesConfig, log: Callable[[str], None]) -> Room:
     least, _ = r.pool
     if room.actors < least:
-        log(f"the cluster's nodes hold {room.actors} of the {least} actor(s) resources.workers starts with "
+        log(f"the cluster's nodes hold {room.actors} of the {least} actor(s) resources.actors starts with "
             f"({describe_nodes(room.nodes, actor_shape(r))}): Ray Data runs those, and the others start as nodes "
             "with room join")
     return room

@@ -1,19 +1,19 @@
-"""Actor and node faults said plainly: which actor died, on which node, why, and which batch it was running.
+"""Actor and node faults said plainly: which actor died, on which node, why, and which call it was running.
 
 Ray reports a dead actor as `ray.exceptions.ActorDiedError` (a `RayActorError`; `ActorUnavailableError` for one it
 cannot reach, e.g. on a node that is gone but not yet declared dead), which Ray Data re-raises from its executor. The
-error knows the actor (its id, and for a death its class, pid, node address and Ray's cause) but not the batch: a
-Ray Data actor holds several batches in its queue, in any order. So every `pipeline.job.GenerateBatch` records each
-batch while it runs, as ``_inflight/<actor_id>-<random>.json`` in the run folder (`BatchRecorder`): the actor id,
-its pid, node id and address, and the batch's first and last prompt ids and size. The record is written before the
-batch starts and removed when it ends, whether it succeeded or raised, so a record that stays is the batch of an
-actor process that died mid-batch. It stays as a record of that death (Ray retries the batch, with
+error knows the actor (its id, and for a death its class, pid, node address and Ray's cause) but not the call: a
+Ray Data actor holds several calls in its queue, in any order. So every `pipeline.job.GenerateBatch` records each
+call while it runs, as ``_inflight/<actor_id>-<random>.json`` in the run folder (`BatchRecorder`): the actor id,
+its pid, node id and address, and the call's first and last prompt ids and size. The record is written before the
+call starts and removed when it ends, whether it succeeded or raised, so a record that stays is the call of an
+actor process that died mid-call. It stays as a record of that death (Ray retries the call, with
 resources.max_retries > 0, under a record of its own on the restarted actor, which keeps the actor id but not the
-pid), and `describe_failure` reads it to name the batch: by actor id and pid for a death, by actor id and a node Ray
-reports dead for an unreachable actor. Where the batch cannot be known (no record: the actor died between batches or
+pid), and `describe_failure` reads it to name the call: by actor id and pid for a death, by actor id and a node Ray
+reports dead for an unreachable actor. Where the call cannot be known (no record: the actor died between calls or
 could not write one; or an error that names no actor), the message says so rather than guess.
 
-The record costs two small file operations per batch (a write and a delete; two requests on an object store).
+The record costs two small file operations per call (a write and a delete; two requests on an object store).
 """
 
 from __future__ import annotations
@@ -35,15 +35,15 @@ logger = logging.getLogger(__name__)
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# On the actor: the record of the batch in flight
+# On the actor: the record of the call in flight
 
 
 class BatchRecorder:
-    """Writes ``_inflight/<actor_id>-<random>.json`` for a batch an actor is running, and removes it when the batch
-    ends (one file per batch: an actor running batches concurrently keeps one record for each).
+    """Writes ``_inflight/<actor_id>-<random>.json`` for a call an actor is running, and removes it when the call
+    ends (one file per call: an actor running calls concurrently keeps one record for each).
 
-    Bookkeeping never fails a batch: a record that cannot be written is logged once on the actor and skipped (the
-    failure message then says that the batch is unknown)."""
+    Bookkeeping never fails a call: a record that cannot be written is logged once on the actor and skipped (the
+    failure message then says that the call is unknown)."""
 
     def __init__(self, folder: RunFolder | None):
         self.folder = folder
@@ -68,7 +68,7 @@ class BatchRecorder:
         try:
             return cls(RunFolder(uri or output_path))
         except Exception as err:
-            logger.warning("winnow: batches in flight will not be recorded (%s)", short_error(err))
+            logger.warning("winnow: calls in flight will not be recorded (%s)", short_error(err))
             return cls(None)
 
     @contextlib.contextmanager
@@ -103,16 +103,16 @@ class BatchRecorder:
             return path
         except Exception as err:
             if not self.warned:
-                logger.warning("winnow: cannot record the batch in flight in %s (%s); a failure of this actor "
-                               "will not name its batch", self.folder.uri, short_error(err))
+                logger.warning("winnow: cannot record the call in flight in %s (%s); a failure of this actor "
+                               "will not name its call", self.folder.uri, short_error(err))
                 self.warned = True
             return None
 
     def _remove(self, path: str) -> None:
         try:
             self.folder.fs.rm(path)
-        except Exception as err:  # a stale record only misleads if this actor later dies between batches
-            logger.warning("winnow: cannot remove the batch record %s (%s)", path, short_error(err))
+        except Exception as err:  # a stale record only misleads if this actor later dies between calls
+            logger.warning("winnow: cannot remove the call record %s (%s)", path, short_error(err))
 
 
 def this_actor() -> dict:
@@ -135,7 +135,7 @@ def this_actor() -> dict:
 
 
 def inflight_records(folder: RunFolder) -> list[dict]:
-    """The batch records left in `folder`'s ``_inflight/`` (unreadable ones skipped), oldest first."""
+    """The call records left in `folder`'s ``_inflight/`` (unreadable ones skipped), oldest first."""
     base = folder.join(INFLIGHT)
     refresh(folder.fs, base)
     try:
@@ -208,8 +208,8 @@ def plural(n, word: str) -> str:
 
 def describe_failure(err: BaseException, folder: RunFolder | None = None, dead_nodes: set[str] | None = None) -> str:
     """One line for a failed run. A dead or unreachable actor is named with its class (when Ray says) and pid, its
-    node (address and id), Ray's cause of death, and the batch it was running when the run folder holds that batch's
-    record (`BatchRecorder`); otherwise the line says the batch cannot be named. Any other error is
+    node (address and id), Ray's cause of death, and the call it was running when the run folder holds that call's
+    record (`BatchRecorder`); otherwise the line says the call cannot be named. Any other error is
     `pipeline.raydata.short_error`, as before. `dead_nodes` (default: asked of Ray) picks, for an unreachable actor
     that Ray restarted elsewhere, the record of the process on the lost node."""
     from ray.exceptions import ActorUnavailableError
@@ -225,7 +225,7 @@ def describe_failure(err: BaseException, folder: RunFolder | None = None, dead_n
     if folder is not None and actor_id:
         try:
             records = [r for r in inflight_records(folder) if r.get("actor_id") == actor_id]
-        except Exception:  # the run folder cannot be read now: the batch is unknown, the actor is still named
+        except Exception:  # the run folder cannot be read now: the call is unknown, the actor is still named
             records = []
     if fields.get("pid"):  # a death: the records of that very process
         records = [r for r in records if str(r.get("pid")) == fields["pid"]]
@@ -240,18 +240,18 @@ def describe_failure(err: BaseException, folder: RunFolder | None = None, dead_n
     where = ("on node " + " ".join(x for x in (ip, f"(node id {node_id})" if node_id else None) if x)
              if ip or node_id else "on a node Ray did not report")
     if getattr(dead, "actor_init_failed", False):
-        return f"{who} {where} failed while starting, before running any batch: {short_error(dead)}"
+        return f"{who} {where} failed while starting, before running any call: {short_error(dead)}"
     if unreachable:
         how = f"became unreachable ({text.split('is unavailable: ', 1)[-1].split('. The task may', 1)[0]})"
     else:
         how = f"died ({death_cause(text)})"
     if records:
-        batches = "; ".join(f"{r.get('first')}..{r.get('last')} ({plural(r.get('prompts'), 'prompt')}"
+        calls = "; ".join(f"{r.get('first')}..{r.get('last')} ({plural(r.get('prompts'), 'prompt')}"
                             + (f", pid {r.get('pid')}" if not pid else "") + ")" for r in records)
-        batch = f"while running the batch{'es' if len(records) > 1 else ''} of prompts {batches}"
+        call = f"while running the call{'s' if len(records) > 1 else ''} of prompts {calls}"
     elif folder is None:
-        batch = "while running a batch that cannot be named (no run folder to read its record from)"
+        call = "while running a call that cannot be named (no run folder to read its record from)"
     else:
-        batch = (f"while running a batch that cannot be named: {INFLIGHT}/ in the run folder holds no record of "
-                 "one (the actor died between batches, or could not write the record)")
-    return f"{who} {where} {how} {batch}"
+        call = (f"while running a call that cannot be named: {INFLIGHT}/ in the run folder holds no record of "
+                "one (the actor died between calls, or could not write the record)")
+    return f"{who} {where} {how} {call}"

@@ -20,8 +20,8 @@ The pipeline (`run`) is
     read_parquet(prompts/) -> [CheckpointFilter] -> map_batches(GenerateBatch, actor pool) -> write_parquet
 
 The prompts are read in blocks of about two calls' prompts (`read_blocks`), each what one actor is handed at a time,
-and the pool is `resources.workers` actors or an elastic `{min, max}` (`actor_pool`). Each actor of the pool holds one
-`GenerateBatch`, which loads the draft/target/reward trio once (`workers.actor.runner.Runner`) and turns each batch of
+and the pool is `resources.actors` actors or an elastic `{min, max}` (`actor_pool`). Each actor of the pool holds one
+`GenerateBatch`, which loads the draft/target/reward trio once (`workers.actor.runner.Runner`) and turns each call's
 prompts into output rows, one per prompt, in order; a prompt whose `input_error` is set becomes an error row without
 reaching the engine. Exactly once comes from Ray Data's
 checkpointing (`ray.data.checkpoint.CheckpointConfig`, keyed on ``prompt_id``): each write task first records its
@@ -76,9 +76,9 @@ from schemas.rows import error_row, rows_to_table
 
 
 @dataclass
-class Plan:
-    """A checked job: its run folder, whether it starts anew, resumes, or replaces the folder's run, and its data
-    source as checked before Ray starts (None when the folder's own prompt set is reused)."""
+class CheckedJob:
+    """A checked job (`check`): its run folder, whether it starts anew, resumes, or replaces the folder's run, and its
+    data source as checked before Ray starts (None when the folder's own prompt set is reused). Not `winnow plan`."""
 
     config: JobConfig
     folder: RunFolder
@@ -101,7 +101,7 @@ class RunEnd:
     seconds: float
 
 
-def check(config: JobConfig, overwrite: bool, allow_working_dir: bool = False) -> Plan:
+def check(config: JobConfig, overwrite: bool, allow_working_dir: bool = False) -> CheckedJob:
     """Step 1, before Ray starts: every problem with the models, the run folder and the data source at once
     (InputError); nothing is written. The run folder may not sit inside or hold another run folder or the data
     source. The source is read here as far as the driver can do it cheaply (`pipeline.prompts.check_source`: local
@@ -130,7 +130,7 @@ def check(config: JobConfig, overwrite: bool, allow_working_dir: bool = False) -
             problems += err.problems
     if problems or claim:
         raise InputError(problems + claim)
-    return Plan(config, folder, mode, source)
+    return CheckedJob(config, folder, mode, source)
 
 
 @dataclass
@@ -141,44 +141,44 @@ class StagedPrompts:
     rows: int
 
 
-def stage_prompts(plan: Plan) -> StagedPrompts:
+def stage_prompts(checked: CheckedJob) -> StagedPrompts:
     """Step 2: read, normalise and write the prompt set with Ray tasks (`pipeline.prompts.write_prompts`: the driver
     never holds it) to a staging place beside the run folder. A bad source raises InputError and whatever was staged
     is removed, so nothing is left behind; the run folder itself is not touched."""
-    path, url = plan.folder.prompts_staging()
+    path, url = checked.folder.prompts_staging()
     try:
-        rows = write_prompts(plan.config, url, plan.folder.arrow_fs(), source=plan.source)
+        rows = write_prompts(checked.config, url, checked.folder.arrow_fs(), source=checked.source)
     except BaseException:
-        plan.folder.refresh()
-        if plan.folder.fs.exists(path):
-            plan.folder.fs.rm(path, recursive=True)
+        checked.folder.refresh()
+        if checked.folder.fs.exists(path):
+            checked.folder.fs.rm(path, recursive=True)
         raise
     return StagedPrompts(path, rows)
 
 
-def execute(plan: Plan, staged: StagedPrompts | None, log: Callable[[str], None] = print,
+def execute(checked: CheckedJob, staged: StagedPrompts | None, log: Callable[[str], None] = print,
             watch: Callable[[Tally, int], ContextManager[None]] | None = None) -> RunEnd:
     """Step 3: write, run and check. `staged` is the prompt set from `stage_prompts`, or None when the folder's own
     is reused. Checkpoint commits that an earlier run left half done are settled first
     (`runfolder.folder.settle_checkpoints`, logged), so Ray Data's recovery never deletes a committed data file. A
-    KeyboardInterrupt or a failed batch ends with status interrupted/failed and the manifest says so; rows written
+    KeyboardInterrupt or a failed call ends with status interrupted/failed and the manifest says so; rows written
     so far are kept for the next run. `watch(tally, prompts)`, when given, is a context held around the pipeline
     (the progress display, `pipeline.progress`), given the folder's tally before the run and the prompt count."""
-    config, folder = plan.config, plan.folder
+    config, folder = checked.config, checked.folder
     for line in clean_leftovers(folder, keep=staged.path if staged is not None else None):  # under the lease
         log(f"cleanup: {line}")
-    if plan.mode == "overwrite":
+    if checked.mode == "overwrite":
         folder.clear()
     parameters = job_parameters(resolved(config), count=count_model)  # for the report's compute basis
     manifest = new_manifest(config, prompts=staged.rows if staged is not None else len(folder.read_prompt_ids()),
                             parameters=parameters)
-    fresh = plan.mode != "resume"
+    fresh = checked.mode != "resume"
     if fresh:  # first, so that the folder is a Winnow run folder before anything else is in it
         folder.write_manifest(manifest)
     if staged is not None:
         folder.install_prompts(staged.path, staged.rows)
     expected = folder.read_prompt_ids()
-    if folder.fs.exists(folder.join(INFLIGHT)):  # batch records of earlier runs' dead actors: this run's only, below
+    if folder.fs.exists(folder.join(INFLIGHT)):  # call records of earlier runs' dead actors: this run's only, below
         folder.fs.rm(folder.join(INFLIGHT), recursive=True)
     for line in settle_checkpoints(folder):  # before Ray Data's recovery: a half-done commit must lose nothing
         log(f"checkpoint: {line}")
@@ -188,7 +188,7 @@ def execute(plan: Plan, staged: StagedPrompts | None, log: Callable[[str], None]
     if not fresh and not done:  # a resumed run's manifest keeps its last state until the folder has been counted
         manifest = counted(manifest, config, written)
         folder.write_manifest(manifest)
-    verb = "resuming" if plan.mode == "resume" else "starting"
+    verb = "resuming" if checked.mode == "resume" else "starting"
     log(f"{verb} {config.name!r} in {folder.uri}: {len(expected)} prompts, {before} already written"
         + ("; nothing left to generate" if done else ""))
     if not fresh and done:  # a finished run run again: its manifest already says so, times included
@@ -217,7 +217,7 @@ def execute(plan: Plan, staged: StagedPrompts | None, log: Callable[[str], None]
                 run(config, folder, prompts=len(expected))
     except KeyboardInterrupt:
         return ended("interrupted", "interrupted")
-    except Exception as err:  # a failed batch: the engine raised, an actor died (named with its node and batch), ...
+    except Exception as err:  # a failed call: the engine raised, an actor died (named with its node and call), ...
         from pipeline.faults import describe_failure
 
         return ended("failed", describe_failure(err, folder))
@@ -251,14 +251,14 @@ CALLS_PER_BLOCK = 1
 MAX_BLOCKS = 4096
 
 
-def read_blocks(prompts: int, prompts_per_batch: int) -> int:
+def read_blocks(prompts: int, prompts_per_call: int) -> int:
     """The blocks the prompt set is read in: each of at least `CALLS_PER_BLOCK` calls' prompts where there are that
     many, at least one block, at most MAX_BLOCKS."""
-    return max(1, min(MAX_BLOCKS, prompts // (prompts_per_batch * CALLS_PER_BLOCK)))
+    return max(1, min(MAX_BLOCKS, prompts // (prompts_per_call * CALLS_PER_BLOCK)))
 
 
 def run(config: JobConfig, folder: RunFolder, prompts: int | None = None) -> None:
-    """Generate every prompt of the folder's prompt set not yet written; raises if any batch fails. `prompts`: the
+    """Generate every prompt of the folder's prompt set not yet written; raises if any call fails. `prompts`: the
     size of the prompt set (read from the folder when not given), which sets the blocks it is read in."""
     r = config.resources
     if prompts is None:
@@ -266,10 +266,10 @@ def run(config: JobConfig, folder: RunFolder, prompts: int | None = None) -> Non
     with data_context(
         checkpoint_config=checkpoint_config(folder),
         # The V2 Parquet reader adds a ListFiles task that always asks for a whole CPU; with an actor pool holding
-        # every CPU (2 workers on a 2-core machine) it would never be scheduled. The V1 reader takes num_cpus=0.
+        # every CPU (2 actors on a 2-core machine) it would never be scheduled. The V1 reader takes num_cpus=0.
         use_datasource_v2=False,
-        actor_task_retry_on_errors=r.max_retries > 0,  # a batch that raised is retried at most max_retries times
-        max_errored_blocks=0,  # a batch that still fails fails the job
+        actor_task_retry_on_errors=r.max_retries > 0,  # a call that raised is retried at most max_retries times
+        max_errored_blocks=0,  # a call that still fails fails the job
     ):
         fs = folder.arrow_fs()
         ds = ray.data.read_parquet(folder.prompts_url(), filesystem=fs, num_cpus=0,
@@ -282,9 +282,9 @@ def run(config: JobConfig, folder: RunFolder, prompts: int | None = None) -> Non
                 batch_size=config.call_prompts(prompts),
                 batch_format="pyarrow",
                 compute=actor_pool(config),
-                num_cpus=r.cpus_per_worker,
-                num_gpus=r.gpus_per_worker,
-                # Ray Data restarts dead actors and retries their batches forever by default; an engine that keeps
+                num_cpus=r.cpus_per_actor,
+                num_gpus=r.gpus_per_actor,
+                # Ray Data restarts dead actors and retries their calls forever by default; an engine that keeps
                 # crashing must fail the job instead. Ray 2.60 has no named parameter for these two: its own docs
                 # say `map_batches(..., max_restarts=0)`, i.e. extra keyword arguments gathered as
                 # **ray_remote_args, which it deprecates for removal in 2.64. pyproject pins ray below that; the
@@ -296,11 +296,11 @@ def run(config: JobConfig, folder: RunFolder, prompts: int | None = None) -> Non
 
 
 def actor_pool(config: JobConfig) -> ray.data.ActorPoolStrategy:
-    """`resources.workers` actors, or an elastic pool of `{min, max}`: Ray Data starts `min` actors and adds one
+    """`resources.actors` actors, or an elastic pool of `{min, max}`: Ray Data starts `min` actors and adds one
     while every actor is busy (its upscaling threshold) and the cluster has room, which it reads again as nodes join,
     and lets idle ones go. Either way the actors that fit run and the others wait for a node with room
-    (`pipeline.cluster`). Each actor runs two batches at once where their prompts feed one decoding loop
-    (`workers.pool.loop`: the next batch's prompts take the places of rows that finish early), one otherwise."""
+    (`pipeline.cluster`). Each actor runs two calls at once where their prompts feed one decoding loop
+    (`workers.pool.loop`: the next call's prompts take the places of sequences that finish early), one otherwise."""
     least, most = config.resources.pool
     size = {"size": least} if least == most else {"min_size": least, "max_size": most}
     calls = config.concurrent_calls
@@ -362,13 +362,13 @@ class GenerateBatch:
         # assets built on the node that uses them (builtin:smollm2-135m-instruct) are resolved here, on this node
         self.config = resolved(validate_config(config), on_node=True)
         r = self.config.resources
-        if r.gpus_per_worker == 0:
+        if r.gpus_per_actor == 0:
             # on CPU, the threads of a matmul change its float sums in the last bit, enough to flip a sampled token:
             # the actor computes with the CPUs it reserved, whatever worker process Ray gave it (a reused worker may
             # carry another OMP_NUM_THREADS), so the same config gives the same rows
             import torch
 
-            torch.set_num_threads(max(1, int(r.cpus_per_worker)))
+            torch.set_num_threads(max(1, int(r.cpus_per_actor)))
         self.source = {"run_name": run_name, "config_hash": config_hash}  # the user's config's, not the resolved one's
         self.method = self.config.method.name
         reward = self.config.models.reward

@@ -2,10 +2,10 @@
 
 `model_problems` reports every problem at once, each naming its field: weights, tokenizer and the head each model's
 role needs, read from its files before any model loads. `resolved` turns the config's `builtin:`
-names into the bundled folders' paths (`assets.resolve`, the one resolver of those names), so the workers receive
+names into the bundled folders' paths (`assets.resolve`, the one resolver of those names), so the actors receive
 plain locations. A model is a folder in Hugging Face format (it holds ``config.json``): a local folder, an s3:// (or
 other fsspec) prefix, or ``builtin:NAME``; the folder check itself is `stores.model_folders.model_folder_problem`,
-the same one the workers run before loading.
+the same one the actors run before loading.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ reward and the cost so far, and the time left.
 
 Where the figures come from: the run folder's committed data files, the same source of truth as the final summary
 (`runfolder.folder.tally`). A call's rows commit together when its last prompt ends, so the count moves a call
-(`resources.prompts_per_batch` prompts) at a time. A thread of the driver looks at the folder every few seconds
+(`resources.prompts_per_call` prompts) at a time. A thread of the driver looks at the folder every few seconds
 (`Watcher.look`): it lists the checkpoint and candidates folders (`runfolder.folder.committed_files`) and reads only
 the files committed since its last look, and of them only the columns the tally reads (`Tally.add_file`). So a look
 at an S3 folder costs a few listings and the new files. The rows a resumed run found are the tally `execute` made

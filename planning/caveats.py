@@ -9,16 +9,16 @@ from __future__ import annotations
 from planning.sample import SMALL_SAMPLE
 from reporting.tolerance import greater, less
 
-DEVICE_KEYS = ("kind", "gpus_per_worker", "cpus_per_worker", "engine", "dtype", "accelerators")
+DEVICE_KEYS = ("kind", "gpus_per_actor", "cpus_per_actor", "engine", "dtype", "accelerators")
 
 
 def describe_device(d: dict) -> str:
     """One line: what the sweep's actors ran on."""
     if d.get("kind") == "gpu":
-        what = f"{d['gpus_per_worker']:g} GPU(s) per worker" + (f" ({', '.join(d['accelerators'])})"
+        what = f"{d['gpus_per_actor']:g} GPU(s) per actor" + (f" ({', '.join(d['accelerators'])})"
                                                                   if d.get("accelerators") else "")
     else:
-        what = f"CPU, {d['cpus_per_worker']:g} core(s) per worker" + (f" ({d['cpu_model']})" if d.get("cpu_model")
+        what = f"CPU, {d['cpus_per_actor']:g} core(s) per actor" + (f" ({d['cpu_model']})" if d.get("cpu_model")
                                                                       else "")
     return f"{what}, engine {d['engine']}, dtype {d['dtype']}"
 

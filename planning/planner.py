@@ -42,7 +42,7 @@ from planning.budget import Sizing, TooSmall, size_sweep
 from planning.caveats import caveats, describe_device
 from planning.projection import Measured, Question, Unanswerable, answer, fixed_seconds, measure, project
 from planning.sweep import (PROBE, PROBE_CALLS, PROBE_PROMPTS, job_with_method, label, layout, probe_call,
-                            probe_config, probe_rows, sweep_config, sweep_workers)
+                            probe_config, probe_rows, sweep_actors, sweep_config)
 from reporting.cost import run_cost
 from reporting.plancheck import PLAN_FILE, PLAN_FORMAT
 from runfolder.folder import changed_keys, store
@@ -50,6 +50,7 @@ from runfolder.lease import Lease, out_lease_path
 from runfolder.paths import location_key, overlap_problem
 from runfolder.runs import Run, load_run, reward_definition
 from schemas.base import InputError
+from schemas.compat import current, current_section
 from schemas.config import JobConfig, validate_config
 
 COMMAND = "winnow plan"
@@ -95,14 +96,14 @@ def _cpu_model() -> str | None:
 
 
 def device_record(job: JobConfig) -> dict:
-    """What the sweep's actors ran on: the per-worker resources, engine and dtype of the config, the cluster's
+    """What the sweep's actors ran on: the per-actor resources, engine and dtype of the config, the cluster's
     accelerator types (Ray's ``accelerator_type:*`` resources), the driver host's CPU model, cores and load."""
     import ray
 
     res = ray.cluster_resources() if ray.is_initialized() else {}
     r = job.resources
-    return {"kind": "gpu" if r.gpus_per_worker > 0 else "cpu", "gpus_per_worker": r.gpus_per_worker,
-            "cpus_per_worker": r.cpus_per_worker, "engine": job.models.engine, "dtype": job.models.dtype,
+    return {"kind": "gpu" if r.gpus_per_actor > 0 else "cpu", "gpus_per_actor": r.gpus_per_actor,
+            "cpus_per_actor": r.cpus_per_actor, "engine": job.models.engine, "dtype": job.models.dtype,
             "accelerators": sorted(k.split(":", 1)[1] for k in res if k.startswith("accelerator_type:")),
             "cluster_cpus": res.get("CPU"), "cluster_gpus": res.get("GPU"), "cpu_model": _cpu_model(),
             "host_cpus": os.cpu_count(), "load_average": os.getloadavg()[0], "at": now_iso()}
@@ -179,9 +180,9 @@ class Planner:
     def sweep_configs(self, meta: dict) -> list[dict]:
         """The job config of each run (`labels`), then the probe's."""
         runs = self.sizing(meta).runs
-        workers = sweep_workers(self.job, meta["sample"]["prompts"])
+        actors = sweep_actors(self.job, meta["sample"]["prompts"])
         sample_file = self.at(sampling.SAMPLE_DIR, sampling.PROMPTS_FILE)
-        return ([sweep_config(self.job, r.method, sample_file, meta["columns"], self.folder(r.label), workers)
+        return ([sweep_config(self.job, r.method, sample_file, meta["columns"], self.folder(r.label), actors)
                  for r in runs]
                 + [probe_config(self.job, self.probe_method(), self.at(SWEEP_DIR, PROBE_FILE), meta["columns"],
                                 self.folder(PROBE))])
@@ -258,7 +259,7 @@ class Planner:
                     continue
                 planned = validate_config(cfg)
                 if manifest.get("config_hash") != planned.hash():
-                    keys = changed_keys(manifest.get("config") or {}, planned.model_dump(mode="json"))
+                    keys = changed_keys(current(manifest.get("config") or {}), planned.model_dump(mode="json"))
                     problems.append(f"{shown}: sweep run {name} was made with another config ("
                                     + ", ".join(keys[:6]) + ("; ..." if len(keys) > 6 else "")
                                     + "); give another --out, or the config it was made with")
@@ -402,7 +403,9 @@ class Planner:
                 data = json.load(f)
         except (OSError, ValueError):
             return {}
-        return data if isinstance(data, dict) else {}
+        if not isinstance(data, dict):
+            return {}  # a sweep run written before the rename records its resources under their old names
+        return {name: current_section("resources", d) if isinstance(d, dict) else d for name, d in data.items()}
 
     # -- the projection ------------------------------------------------------------------------------------------
 
@@ -418,11 +421,11 @@ class Planner:
         ids = self.sample_ids(meta)
         costs = [run_cost(run, self.resolve) for run in runs]
         k, n = meta["sample"]["prompts"], meta["dataset"]["prompts"]
-        workers = sweep_workers(self.job, k)
+        actors = sweep_actors(self.job, k)
         warmup = estimate.warmup_seconds(probe.rows)
         warm = warmup["seconds"] or 0.0
         seconds = [run.manifest.cost.device_seconds for run in runs]
-        scales = [max(0.0, s - warm * workers) / s if s > 0 else 1.0 for s in seconds]
+        scales = [max(0.0, s - warm * actors) / s if s > 0 else 1.0 for s in seconds]
         by_id = [{r["prompt_id"]: r for r in run.rows} for run in runs]
         probe_cost = run_cost(probe, self.resolve)
         warm_calls = [r for r in probe.rows if (probe_call(r["prompt_id"]) or 0) >= 1]
@@ -447,7 +450,7 @@ class Planner:
             else:
                 measured.append(estimate.best_of_k(name, kk, ids, by_id[i], costs[i].flops, model, scales[i],
                                                    verifier))
-        walls = [(w, run.manifest.cost.device_seconds, workers) for run in runs
+        walls = [(w, run.manifest.cost.device_seconds, actors) for run in runs
                  if (w := _seconds(run.manifest.started_at, run.manifest.finished_at)) is not None]
         fixed = fixed_seconds(walls)
         price = self.job.cost.usd_per_device_hour
@@ -481,23 +484,23 @@ class Planner:
             "created_at": now_iso(),
             "folder": self.out,
             "job": {"config_file": self.config_path, "name": self.job.name,
-                    "config": self.job.model_dump(mode="json"), "workers": most, "least_workers": least,
+                    "config": self.job.model_dump(mode="json"), "actors": most, "least_actors": least,
                     "usd_per_device_hour": price, "output": self.job.output.path, "own_config": self.own},
             "reward": {"definition": definition.text, "kind": definition.kind, "units": definition.units},
             "verifier": verifier,
             "question": {"kind": self.question.kind, "value": self.question.value, "text": self.question.text},
             "dataset": {**meta["dataset"], "source": self.job.data.source, "limit": self.job.data.limit},
             "sample": {**meta["sample"], "file": meta["file"], "sha256": meta["sha256"],
-                       "prompt_chars": meta["prompt_chars"], "sweep_workers": workers},
+                       "prompt_chars": meta["prompt_chars"], "sweep_actors": actors},
             "sweep": {**sized.record(), "probe": {"method": self.probe_method(), "prompts": PROBE_PROMPTS,
                                                   "calls": PROBE_CALLS, "run": probe.uri}},
             "device": devices[-1] if devices else None,
             "devices": devices,
-            "warmup": {**warmup, "removed_seconds": [warm * workers if s > 0 else 0.0 for s in seconds],
+            "warmup": {**warmup, "removed_seconds": [warm * actors if s > 0 else 0.0 for s in seconds],
                        "full_run_seconds": warm * most},
             "device_model": {"a_seconds_per_forward": model.a, "b_seconds_per_work": model.b, "why": model.why},
-            "wall_model": {"fixed_seconds": fixed, "workers": most,
-                           "sweep_runs": [{"wall_seconds": w, "device_seconds": s, "workers": wk}
+            "wall_model": {"fixed_seconds": fixed, "actors": most,
+                           "sweep_runs": [{"wall_seconds": w, "device_seconds": s, "actors": wk}
                                           for w, s, wk in walls]},
             "configs": configs,
             "frontier": {"order": picked["order"], "knee": picked["knee"], "basis": picked["basis"]},
@@ -508,7 +511,7 @@ class Planner:
         }
         plan["caveats"] = caveats(meta, devices, projected, picked["notes"], no_cut, plan)
         if least != most:
-            plan["caveats"].append(f"resources.workers is an elastic pool of {least} to {most} actors: wall-clock is "
+            plan["caveats"].append(f"resources.actors is an elastic pool of {least} to {most} actors: wall-clock is "
                                    f"projected for {most}, as if the cluster has room for them all from the start")
         plan["device_line"] = describe_device(plan["device"]) if plan["device"] else None
         return plan

@@ -11,7 +11,7 @@ billed, 0 when null), over a prompt set of N prompts that can run:
 - **device-seconds** are the sweep's with their warm-up removed (`planning.estimate`); the full run's own warm-up,
   once per actor (``warmup x W``), is added to the total and both ends of its interval.
 - **device-hours** = device-seconds / 3600; **USD** = device-hours x ``cost.usd_per_device_hour``.
-- **wall-clock** on W workers: ``fixed + device-seconds / W``, with ``fixed`` what the sweep's runs took beyond their
+- **wall-clock** on W actors: ``fixed + device-seconds / W``, with ``fixed`` what the sweep's runs took beyond their
   device time (start-up, reading, writing: `fixed_seconds`); it assumes the W actors stay busy.
 - **mean best reward**: the mean over the sampled prompts that every swept config completed (no error, a best
   reward), with its bootstrap interval, as the report's frontier has it.
@@ -94,9 +94,9 @@ def _figure(value: float, interval, per_prompt: float | None = None) -> dict:
     return out
 
 
-def wall_seconds(device_seconds: float, workers: int, fixed_seconds: float) -> float:
-    """Wall-clock of a run that spends `device_seconds` on `workers` busy actors, beyond `fixed_seconds`."""
-    return fixed_seconds + device_seconds / workers
+def wall_seconds(device_seconds: float, actors: int, fixed_seconds: float) -> float:
+    """Wall-clock of a run that spends `device_seconds` on `actors` busy actors, beyond `fixed_seconds`."""
+    return fixed_seconds + device_seconds / actors
 
 
 def verified_figures(m: Measured, usd_per_device_hour: float, warmup_usd: float, prompts: int) -> dict:
@@ -121,11 +121,11 @@ def verified_figures(m: Measured, usd_per_device_hour: float, warmup_usd: float,
     return out
 
 
-def project(measured: list[Measured], prompts: int, workers: int, usd_per_device_hour: float,
+def project(measured: list[Measured], prompts: int, actors: int, usd_per_device_hour: float,
             fixed_seconds: float, warmup_seconds: float = 0.0) -> list[dict]:
     """Each config's projection to `prompts` prompts (module docstring): figure -> {value, interval, per_prompt},
     plus ``reward_prompts`` (the sampled prompts every config completed) and ``errors`` (projected error rows).
-    `warmup_seconds`: one actor's warm-up, paid by the full run once on each of its `workers`."""
+    `warmup_seconds`: one actor's warm-up, paid by the full run once on each of its `actors`."""
     k = len(measured[0].reward)
     common = np.all(np.isfinite(np.stack([m.reward for m in measured])), axis=0)  # [K]
     rewards = np.stack([m.reward[common] for m in measured])  # [R, P]
@@ -146,14 +146,14 @@ def project(measured: list[Measured], prompts: int, workers: int, usd_per_device
             got = totals[name].get(i)
             figures[name] = None if got is None else _figure(prompts * got[0], prompts * got[1], got[0])
         mean_s, iv_s = totals["device_seconds"][i]
-        warm = warmup_seconds * workers
+        warm = warmup_seconds * actors
         seconds = (prompts * mean_s + warm, prompts * iv_s[0] + warm, prompts * iv_s[1] + warm)
         figures["device_hours"] = _figure(seconds[0] / 3600, [s / 3600 for s in seconds[1:]], mean_s / 3600)
         figures["usd"] = _figure(seconds[0] / 3600 * usd_per_device_hour,
                                  [s / 3600 * usd_per_device_hour for s in seconds[1:]],
                                  mean_s / 3600 * usd_per_device_hour)
-        figures["wall_seconds"] = _figure(wall_seconds(seconds[0], workers, fixed_seconds),
-                                          [wall_seconds(s, workers, fixed_seconds) for s in seconds[1:]])
+        figures["wall_seconds"] = _figure(wall_seconds(seconds[0], actors, fixed_seconds),
+                                          [wall_seconds(s, actors, fixed_seconds) for s in seconds[1:]])
         if m.verified is not None:
             figures.update(verified_figures(m, usd_per_device_hour, warm / 3600 * usd_per_device_hour, prompts))
         out.append({"label": m.label, "figures": figures, "reward_prompts": int(common.sum()),
@@ -162,10 +162,10 @@ def project(measured: list[Measured], prompts: int, workers: int, usd_per_device
 
 
 def fixed_seconds(walls: list[tuple[float, float, int]]) -> float:
-    """What the sweep's runs took beyond their device time, from (wall seconds, device-seconds, workers) of each:
-    the median over runs of ``wall - device-seconds / workers`` (0 at least; a resumed run's wall covers only its
+    """What the sweep's runs took beyond their device time, from (wall seconds, device-seconds, actors) of each:
+    the median over runs of ``wall - device-seconds / actors`` (0 at least; a resumed run's wall covers only its
     last part and gives less)."""
-    extra = sorted(max(0.0, wall - seconds / workers) for wall, seconds, workers in walls)
+    extra = sorted(max(0.0, wall - seconds / actors) for wall, seconds, actors in walls)
     if not extra:
         return 0.0
     mid = len(extra) // 2

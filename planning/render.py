@@ -50,7 +50,7 @@ def answer_line(plan: dict) -> str:
                                                                       if k != "name")
             + f"): {a['why']}. For the {n:,} prompts: mean best reward {_iv('mean_best_reward', p['mean_best_reward'])}"
             f", {_iv('usd', p['usd'])}, {_iv('device_hours', p['device_hours'])} device-hours, wall-clock "
-            f"{_iv('wall_seconds', p['wall_seconds'])} on {plan['job']['workers']} worker(s)"
+            f"{_iv('wall_seconds', p['wall_seconds'])} on {plan['job']['actors']} actor(s)"
             + (f"; verified rate {_iv('verified_rate', p.get('verified_rate'))}, "
                + (f"{_iv('usd_per_verified', p['usd_per_verified'])} per verified prompt"
                   if p.get("usd_per_verified") else "no verified prompt on the sample (no cost of a pass)")
@@ -86,7 +86,7 @@ def markdown(plan: dict) -> str:
     lines += ["## Projection for the whole prompt set", "",
               f"Every figure is for all {d['prompts']:,} prompts that can run, with its {level} interval over the "
               f"{s['prompts']} sampled prompts; device-hours, USD (${plan['job']['usd_per_device_hour']:g} per "
-              f"device-hour) and wall-clock ({plan['job']['workers']} worker(s)) are for the device the sample ran "
+              f"device-hour) and wall-clock ({plan['job']['actors']} actor(s)) are for the device the sample ran "
               "on. Reward: " + plan["reward"]["definition"] + ".", ""]
     lines += config_table(plan)
     knee = plan["frontier"]["knee"]
@@ -136,8 +136,8 @@ def markdown(plan: dict) -> str:
               "- **processed tokens**: target + draft + reward tokens, prefill and scoring included; **FLOPs**: "
               "2 x parameters x tokens processed, per model (`winnow report`'s compute).",
               f"- **wall-clock**: {wall['fixed_seconds']:.1f} s (what the sweep's runs took beyond their device time: "
-              f"start-up, reading, writing; the median over its runs) + device-seconds / {wall['workers']} workers; "
-              "it assumes the workers stay busy.",
+              f"start-up, reading, writing; the median over its runs) + device-seconds / {wall['actors']} actors; "
+              "it assumes the actors stay busy.",
               "- **Best-of-k from Best-of-n**: the expected best reward of a uniformly drawn k of the n candidates "
               "(sum_i r_(i) C(i-1, k-1) / C(n, k) over the sorted rewards), k/n of their tokens, the prompt's own "
               "tokens once.",
@@ -177,7 +177,7 @@ def sweep_lines(plan: dict) -> list[str]:
         out += ["", f"The warm-up: {w['seconds']:.3f} device-seconds per actor, measured by the probe "
                 f"({probe['method']['name']}, {probe['prompts']} prompts in each of {probe['calls']} calls on one "
                 f"actor: {calls}). It is taken out of each sweep run's device time "
-                f"({', '.join(f'{x:.3f} s' for x in w['removed_seconds'])}) and added once per worker of the full run "
+                f"({', '.join(f'{x:.3f} s' for x in w['removed_seconds'])}) and added once per actor of the full run "
                 f"({w['full_run_seconds']:.3f} s)."]
     else:
         out += ["", "The warm-up probe measured no warm-up: nothing was taken out of the device time."]

@@ -11,9 +11,9 @@ Best-of-N configs that differ only in n share one run, at their largest n (`layo
 estimated from its candidates (`planning.estimate`). Every other config is a run of its own.
 
 A sweep run is the job's own config with the method set, the data read from the sample file, no `data.limit`, its
-run folder under the plan's ``sweep/`` and at most as many workers as the sample has batches. Everything else
-(models, generation, seed, cost, the per-worker resources) is the job's, so the sample runs as the full job would.
-The warm-up probe (`probe_config`) is the one exception: one worker, calls of a few prompts.
+run folder under the plan's ``sweep/`` and at most as many actors as the sample has calls. Everything else (models,
+generation, seed, cost, the per-actor resources) is the job's, so the sample runs as the full job would. The
+warm-up probe (`probe_config`) is the one exception: one actor, calls of a few prompts.
 """
 
 from __future__ import annotations
@@ -121,8 +121,8 @@ def label(method: dict) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", "-".join(parts))
 
 
-def sweep_workers(job: JobConfig, sample_prompts: int) -> int:
-    """The sweep's actors: the job's `resources.workers` (an elastic pool's most), at most one per batch of the
+def sweep_actors(job: JobConfig, sample_prompts: int) -> int:
+    """The sweep's actors: the job's `resources.actors` (an elastic pool's most), at most one per call of the
     sample."""
     return max(1, min(job.resources.pool[1], math.ceil(sample_prompts / job.call_prompts(sample_prompts))))
 
@@ -140,7 +140,7 @@ def job_with_method(raw: dict, method: dict, source: str | None = None) -> JobCo
 
 
 def sweep_config(job: JobConfig, method: dict, sample_file: str, columns: dict, run_folder: str,
-                 workers: int) -> dict:
+                 actors: int) -> dict:
     """The job config of one sweep run (module docstring); `columns` name the sample file's prompt and id columns."""
     cfg = job.model_dump(mode="json")
     cfg["name"] = f"{job.name}-plan-{label(method)}"
@@ -148,7 +148,7 @@ def sweep_config(job: JobConfig, method: dict, sample_file: str, columns: dict, 
                    "limit": None}
     cfg["method"] = dict(method)
     cfg["output"] = {"path": run_folder}
-    cfg["resources"] = {**cfg["resources"], "workers": workers}
+    cfg["resources"] = {**cfg["resources"], "actors": actors}
     return cfg
 
 
@@ -184,11 +184,11 @@ def layout(raw: dict, methods: list[dict]) -> list[SweepRun]:
 
 
 def probe_config(job: JobConfig, method: dict, probe_file: str, columns: dict, run_folder: str) -> dict:
-    """The warm-up probe's job config: `method` on the probe's prompts (`probe_rows`), on one worker, in calls of
+    """The warm-up probe's job config: `method` on the probe's prompts (`probe_rows`), on one actor, in calls of
     `PROBE_PROMPTS` prompts that its one actor decodes one after another."""
     cfg = sweep_config(job, method, probe_file, columns, run_folder, 1)
     cfg["name"] = f"{job.name}-plan-{PROBE}"
-    cfg["resources"] = {**cfg["resources"], "prompts_per_batch": PROBE_PROMPTS, "feed_calls": False}
+    cfg["resources"] = {**cfg["resources"], "prompts_per_call": PROBE_PROMPTS, "feed_calls": False}
     return cfg
 
 

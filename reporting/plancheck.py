@@ -11,12 +11,12 @@ wall-clock (the manifest's start to end of the run's latest start, only for a ru
   the planned job: its figures are shown, none is checked. Settings its method does not use are not compared:
   `models.draft` and `generation.gamma` where neither config's method nor sampler uses a draft, and
   `generation.sampler` where the method samples with the target whatever it says (`unused_keys`);
-- device-hours, USD and wall-clock hold only for the device the plan's sample ran on: a run with other per-worker
-  resources (`gpus_per_worker`, `cpus_per_worker`, `prompts_per_batch`, `feed_calls`) or another engine or dtype has
+- device-hours, USD and wall-clock hold only for the device the plan's sample ran on: a run with other per-actor
+  resources (`gpus_per_actor`, `cpus_per_actor`, `prompts_per_call`, `feed_calls`) or another engine or dtype has
   them shown, not checked. The accelerator's model is not in a run's manifest, so on GPUs the same resources are
   taken for the same device, and the report says so;
-- wall-clock is projected for the run's own `resources.workers` from the plan's model (the sweep's fixed seconds plus
-  device-seconds / workers);
+- wall-clock is projected for the run's own `resources.actors` from the plan's model (the sweep's fixed seconds plus
+  device-seconds / actors);
 - a plan of a job with a verifier also checks the verified rate and the USD per verified prompt (the run's USD of
   the prompts that ran over its verified prompts, `stats.best_verified`).
 
@@ -34,6 +34,7 @@ from reporting.tolerance import at_most
 from runfolder.folder import changed_keys, store
 from runfolder.runs import Run
 from schemas.base import ConfigError, InputError
+from schemas.compat import current_plan
 from schemas.config import validate_config
 
 PLAN_FORMAT = "winnow-plan/1"
@@ -44,9 +45,9 @@ NAMES = {"mean_best_reward": "mean best reward", "generated_tokens": "generated 
 VERIFIED_NAMES = {"verified_rate": "verified rate", "usd_per_verified": "USD per verified prompt"}
 ALL_NAMES = {**NAMES, **VERIFIED_NAMES}
 DEVICE_FIGURES = ("device_hours", "usd", "wall_seconds", "usd_per_verified")
-DEVICE_KEYS = ("resources.gpus_per_worker", "resources.cpus_per_worker", "resources.prompts_per_batch",
+DEVICE_KEYS = ("resources.gpus_per_actor", "resources.cpus_per_actor", "resources.prompts_per_call",
                "resources.feed_calls", "models.engine", "models.dtype")
-FREE_KEYS = ("name", "output.", "method.", "resources.workers", "resources.max_retries",
+FREE_KEYS = ("name", "output.", "method.", "resources.actors", "resources.max_retries",
              "resources.wait_for_nodes_s", "cost.")
 
 
@@ -63,6 +64,7 @@ def read_plan(uri: str) -> dict:
         raise InputError(f"--plan {uri}: no {PLAN_FILE}; give the --out folder of a finished `winnow plan`")
     if not isinstance(plan, dict) or plan.get("format") != PLAN_FORMAT or not isinstance(plan.get("configs"), list):
         raise InputError(f"--plan {uri}/{PLAN_FILE}: not a plan ({PLAN_FORMAT})")
+    plan = current_plan(plan)
     plan["path"] = uri
     return plan
 
@@ -189,11 +191,11 @@ def check_run(plan: dict, run: Run, entry: dict) -> dict:
         out["notes"].append("the run ran on another device than the plan's sample (" + ", ".join(device)
                             + "): device-hours, USD and wall-clock are not checked")
     elif (plan.get("device") or {}).get("kind") == "gpu":
-        out["notes"].append("a run's manifest does not name its GPU model: the same per-worker resources are taken "
+        out["notes"].append("a run's manifest does not name its GPU model: the same per-actor resources are taken "
                             "for the same device as the plan's sample (" + ", ".join(plan["device"]["accelerators"]
                                                                                     or ["model unknown"]) + ")")
-    workers = (config.get("resources") or {}).get("workers", 1)
-    workers = workers["max"] if isinstance(workers, dict) else workers  # an elastic pool: at its most
+    actors = (config.get("resources") or {}).get("actors", 1)
+    actors = actors["max"] if isinstance(actors, dict) else actors  # an elastic pool: at its most
     price = float(config["cost"]["usd_per_device_hour"])
     got = actuals(run, entry)
     wall = plan["wall_model"]
@@ -207,11 +209,11 @@ def check_run(plan: dict, run: Run, entry: dict) -> dict:
             ratio = price / plan["job"]["usd_per_device_hour"] if plan["job"].get("usd_per_device_hour") else 1.0
             proj = {"value": proj["value"] * ratio,
                     "interval": [None if v is None else v * ratio for v in proj["interval"]]}
-        if proj is not None and name == "wall_seconds":  # for the run's own workers
+        if proj is not None and name == "wall_seconds":  # for the run's own actors
             seconds = [v * 3600 for v in (match["projection"]["device_hours"]["value"],
                                           *match["projection"]["device_hours"]["interval"])]
-            proj = {"value": wall["fixed_seconds"] + seconds[0] / workers,
-                    "interval": [wall["fixed_seconds"] + s / workers for s in seconds[1:]]}
+            proj = {"value": wall["fixed_seconds"] + seconds[0] / actors,
+                    "interval": [wall["fixed_seconds"] + s / actors for s in seconds[1:]]}
         actual = got[name]
         why = None
         if other:
@@ -240,7 +242,7 @@ def check(plan: dict, runs: list[Run], entries: list[dict]) -> dict:
         "path": plan["path"], "job": plan["job"]["name"], "command": plan.get("command"),
         "prompts": plan["dataset"]["prompts"], "sample": plan["sample"]["prompts"],
         "answer": plan["answer"]["label"], "level": plan.get("level", 0.95),
-        "device": plan.get("device_line"), "workers": plan["job"]["workers"],
+        "device": plan.get("device_line"), "actors": plan["job"]["actors"],
         "runs": [check_run(plan, run, entry) for run, entry in zip(runs, entries)],
     }
 

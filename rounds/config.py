@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from schemas.base import ConfigError, InputError, Strict, describe_validation_error
+from schemas.compat import deprecated
 from schemas.config import Reward, apply_overrides, read_yaml_mapping
 from schemas.methods import Method
 from sftdata.select import parse_select
@@ -184,6 +185,7 @@ class CheckedRecipe:
     config: RecipeConfig
     problems: list[str]
     broken: frozenset[str]
+    deprecated: tuple[str, ...] = ()  # a warning line per old name of a setting its `job` keys use
 
 
 def check_recipe(data, source: str | None = None) -> CheckedRecipe:
@@ -217,8 +219,10 @@ def validate_recipe(data, source: str | None = None) -> RecipeConfig:
 def read_recipe(path: str | Path, overrides: list[str] | None = None) -> CheckedRecipe:
     """Read a recipe YAML, apply ``--set`` overrides and check it section by section (`check_recipe`); ConfigError
     when the file cannot be read as a mapping."""
-    raw = read_yaml_mapping(path, "recipe", "recipe config")
-    return check_recipe(apply_overrides(raw, overrides or []), str(path))
+    data = apply_overrides(read_yaml_mapping(path, "recipe", "recipe config"), overrides or [])
+    job = data.get("job")
+    old_names = tuple(deprecated(job, "job.")) if isinstance(job, dict) else ()
+    return replace(check_recipe(data, str(path)), deprecated=old_names)
 
 
 def load_recipe(path: str | Path, overrides: list[str] | None = None) -> RecipeConfig:

@@ -51,6 +51,7 @@ from runfolder.folder import store
 from runfolder.lease import LEASE_FILE, Lease, lease_path
 from runfolder.runs import load_run, load_runs
 from schemas.base import ConfigError, InputError
+from schemas.compat import current
 from schemas.config import JobConfig, validate_config
 from sftdata.select import DROP_REASONS, Selection, parse_select, select
 from sftdata.write import HF_DIR, write_sft
@@ -109,6 +110,13 @@ def _write_atomic(path: str, text: str) -> None:
     with open(tmp, "w") as f:
         f.write(text)
     os.replace(tmp, path)
+
+
+def current_inputs(inputs: dict) -> dict:
+    """A step's inputs with its job config under the settings' new names (`schemas.compat.current`), so that a step
+    finished under the old names still counts as finished with the same settings."""
+    config = inputs.get("config")
+    return {**inputs, "config": current(config)} if isinstance(config, dict) else inputs
 
 
 class Recipe:
@@ -253,7 +261,7 @@ class Recipe:
                 record = ledger.done(step.id)
                 if record is None:
                     continue
-                changed = flat_diff(record["inputs"], self.inputs(step))
+                changed = flat_diff(current_inputs(record["inputs"]), current_inputs(self.inputs(step)))
                 if changed:
                     problems.append(f"{step.id}: finished with other settings than the recipe's now ("
                                     + "; ".join(changed[:6]) + ("; ..." if len(changed) > 6 else "")

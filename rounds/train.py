@@ -8,7 +8,7 @@ LoRA's adapters are merged into the weights before saving, so the folder is a pl
 
 **Training cost**: device-seconds are the wall time of the training loop (`Trainer.train`: forward, backward and
 optimizer steps; loading and saving are left out, as a run's device-seconds leave out model loading) x the devices
-it held (1: one GPU, or the CPU host as a run's cost meter counts a CPU worker). Compute is an estimate from the
+it held (1: one GPU, or the CPU host as a run's cost meter counts a CPU actor). Compute is an estimate from the
 tokens the loop processed (prompt and completion, every epoch): 6 x parameters x tokens for a full fine-tune (forward
 2, backward 4), 4 x parameters x tokens with LoRA (the frozen weights need no weight gradient; the adapters' own
 FLOPs are left out).

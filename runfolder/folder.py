@@ -49,7 +49,7 @@ PROMPTS_DONE = "_COMPLETE.json"  # in prompts/, written last: the set is whole
 LEGACY_PROMPTS = "prompts.parquet"  # the single file earlier versions wrote; still read
 ORPHANS = "_checkpoint_orphans"
 DAMAGED = "damaged"  # in ORPHANS: committed data files that could not be read, moved aside
-INFLIGHT = "_inflight"  # records of the batches actors are running (`pipeline.faults`)
+INFLIGHT = "_inflight"  # records of the calls actors are running (`pipeline.faults`)
 
 # Everything Winnow writes at the top of a run folder, and the files it writes inside each of its folders. Anything
 # else was put there by someone else: it is never deleted (`--overwrite` names it and refuses), only left alone.

@@ -16,6 +16,11 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_default=True, frozen=True, allow_inf_nan=False)
 
 
+# Begins a validator's message that is whole lines of its own, each naming its field (a rule across fields, or two
+# names of one setting): `describe_validation_error` gives those lines as they are, without pydantic's location.
+CROSS_MARK = "@@cross@@"
+
+
 class ConfigError(ValueError):
     """Every problem found in a config, one per line, each naming its dotted field and the rule it broke."""
 
@@ -56,6 +61,9 @@ def describe_validation_error(err: ValidationError, model: type[BaseModel] | Non
     for e in err.errors(include_url=False):
         loc = _loc(tuple(e["loc"]))
         msg = e["msg"]
+        if CROSS_MARK in msg:
+            out.extend(msg.split(CROSS_MARK, 1)[1].splitlines())
+            continue
         if e["type"] == "extra_forbidden":
             msg = unknown_key_message(model, tuple(e["loc"])) if model is not None else None
             msg = msg or "unknown key (not a field of this section; check its spelling)"

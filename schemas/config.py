@@ -7,13 +7,13 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union, get_args
+from typing import Annotated, Any, Callable, ClassVar, Literal, Union, get_args
 
 import yaml
 from pydantic import Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
-from schemas.base import ConfigError, Strict, describe_validation_error, register_union_tags
-from schemas.compat import hashed
+from schemas.base import CROSS_MARK, ConfigError, Strict, describe_validation_error, register_union_tags
+from schemas.compat import Renamed, as_written, deprecated, hashed, override_key
 from schemas.methods import METHOD_NAMES, Method, Sampling, methods_that
 
 
@@ -174,7 +174,7 @@ class MathVerifierConfig(Strict):
     timeout_s: float = Field(5.0, gt=0, le=600, description="Most seconds to judge one response; past it the "
                              "response is not verified (reason 'timeout').")
     workers: int | None = Field(None, ge=1, description="Processes that judge responses at once, beside decoding. "
-                                "Null: the actor's CPUs (resources.cpus_per_worker, at least 1).")
+                                "Null: the actor's CPUs (resources.cpus_per_actor, at least 1).")
 
     @property
     def columns(self) -> list[str]:
@@ -203,7 +203,7 @@ class CodeVerifierConfig(Strict):
     output_kb: int = Field(64, ge=1, description="Most KiB of output kept and written; past it the run is stopped "
                            "(reason 'output limit').")
     workers: int | None = Field(None, ge=1, description="Responses run at once, each in its own sandbox, beside "
-                                "decoding. Null: the actor's CPUs (resources.cpus_per_worker, at least 1).")
+                                "decoding. Null: the actor's CPUs (resources.cpus_per_actor, at least 1).")
     python: str | None = Field(None, description="The Python interpreter inside the sandbox. Null: the actor's own "
                                "(the packages of its environment are importable, read-only).")
 
@@ -227,7 +227,9 @@ VERIFIER_REWARDS = ("math", "code")  # the reward kinds that are a verifier: 1.0
 MODEL_REWARDS = ("model", "process")  # the reward kinds that are a model of their own, at models.reward.path
 
 
-class ModelsConfig(Strict):
+class ModelsConfig(Renamed):
+    section: ClassVar[str] = "models"
+
     target: str = Field(description="Target causal LM: a local folder, s3:// prefix or builtin:NAME in HF format.")
     draft: str | None = Field(
         None, description="Draft causal LM sharing the target's tokenizer; needed by the draft/target methods only."
@@ -260,37 +262,35 @@ class ModelsConfig(Strict):
     )
     kv_cache_mb: float | None = Field(
         None, gt=0,
-        description="The actor's KV space, in MiB: what its running sequences may hold (on engine 'vllm' the "
+        description="The actor's KV cache, in MiB: what its running sequences may hold (on engine 'vllm' the "
         "engine's KV cache; on 'hf' the most the sequences may hold at their peak, logits included). A prompt "
         "starts when what the running prompts hold now (their running candidates at full length, or a Speculative "
-        "Rejection prompt's own KV space) leaves room for it. Null: on 'vllm' vLLM's own sizing on GPU "
+        "Rejection prompt's KV space) leaves room for it. Null: on 'vllm' vLLM's own sizing on GPU "
         "(gpu_memory_utilization) and 1024 MiB on CPU; on 'hf' 80% of the device's free memory (the host's "
         "available memory on CPU).",
-    )
-    vllm_kv_cache_mb: float | None = Field(
-        None, gt=0, description="The name models.kv_cache_mb had before it applied to both engines; the same.",
     )
     max_num_seqs: int | None = Field(
         None, ge=1,
         description="The actor's width: most sequences (candidates) one decoding step runs, on both engines "
         "(vLLM's max_num_seqs on 'vllm'). Waiting prompts start, in order, as cuts and finished candidates free "
-        "places (and KV space, models.kv_cache_mb), so the device decodes at its width while prompts wait. At least "
+        "places (and KV cache, models.kv_cache_mb), so the device decodes at its width while prompts wait. At least "
         "method.n: a prompt's candidates start together. Null: the larger of 256 and method.n.",
     )
-    vllm_max_num_seqs: int | None = Field(
-        None, ge=1, description="The name models.max_num_seqs had when it applied to engine 'vllm' only; the same.",
+    decode_step: Literal["static", "dynamic"] = Field(
+        "dynamic",
+        description="How engine 'hf' runs the target's decoding step. 'static': the KV cache in fixed storage and "
+        "the step's rows and columns rounded up to buckets, so that on a GPU each bucket's step is captured once in "
+        "a CUDA graph and replayed in one launch; it pays for the spare rows and columns of a "
+        "bucket, a capture per bucket and the graphs' memory. 'dynamic': the cache and the step exactly as the "
+        "sequences need, every kernel launched from the host. On the CPU launches cost little and the spare columns cost "
+        "arithmetic, so 'static' pays only on a GPU. The same rows either way, up to float "
+        "rounding. Prompts that share their cache and the speculative sampler keep the dynamic step.",
     )
 
-    @property
-    def kv_space_mb(self) -> float | None:
-        """The actor's KV space in MiB, whichever of its two names set it (None: the engine's default)."""
-        return self.kv_cache_mb if self.kv_cache_mb is not None else self.vllm_kv_cache_mb
-
     def width(self, n: int) -> int:
-        """Most sequences a decoding step runs (models.max_num_seqs, or its old name), for a method that starts `n`
-        sequences per prompt: the larger of DEFAULT_WIDTH and n when neither is set."""
-        set_ = self.max_num_seqs if self.max_num_seqs is not None else self.vllm_max_num_seqs
-        return set_ if set_ is not None else max(DEFAULT_WIDTH, n)
+        """Most sequences a decoding step runs (models.max_num_seqs), for a method that starts `n` sequences per
+        prompt: the larger of DEFAULT_WIDTH and n when it is not set."""
+        return self.max_num_seqs if self.max_num_seqs is not None else max(DEFAULT_WIDTH, n)
 
 
 DEFAULT_WIDTH = 256  # sequences per decoding step when models.max_num_seqs is null (vLLM's own default)
@@ -313,47 +313,49 @@ class OutputConfig(Strict):
     path: str = Field(description="Run folder: a local folder or s3://bucket/prefix.")
 
 
-class WorkersRange(Strict):
+class ActorsRange(Strict):
     min: int = Field(ge=1, description="Actors the pool starts with and keeps.")
     max: int = Field(ge=1, description="Most actors the pool grows to.")
 
     @model_validator(mode="after")
-    def _ordered(self) -> "WorkersRange":
+    def _ordered(self) -> "ActorsRange":
         if self.max < self.min:
-            raise ValueError(f"{_CROSS_MARK}resources.workers.max: {self.max} is below resources.workers.min "
+            raise ValueError(f"{CROSS_MARK}resources.actors.max: {self.max} is below resources.actors.min "
                              f"({self.min})")
         return self
 
 
-def _workers_variant(value: Any) -> str:
-    return "workers-range" if isinstance(value, (dict, WorkersRange)) else "workers-count"
+def _actors_variant(value: Any) -> str:
+    return "actors-range" if isinstance(value, (dict, ActorsRange)) else "actors-count"
 
 
-# `resources.workers`: a number of actors, or a {min, max} range; the variant's tag is hidden from error messages
-Workers = Annotated[
-    Union[Annotated[int, Field(ge=1), Tag("workers-count")], Annotated[WorkersRange, Tag("workers-range")]],
-    Discriminator(_workers_variant),
+# `resources.actors`: a number of actors, or a {min, max} range; the variant's tag is hidden from error messages
+Actors = Annotated[
+    Union[Annotated[int, Field(ge=1), Tag("actors-count")], Annotated[ActorsRange, Tag("actors-range")]],
+    Discriminator(_actors_variant),
 ]
 
 
-class ResourcesConfig(Strict):
-    workers: Workers = Field(
+class ResourcesConfig(Renamed):
+    section: ClassVar[str] = "resources"
+
+    actors: Actors = Field(
         1, description="Ray actors, each holding one draft/target/reward trio: a number (>= 1), or {min, max} for an "
         "elastic pool that starts min actors and grows to max while every actor is busy and the cluster has room (a "
         "node that joins mid-run gets actors and work). Either way the actors that fit run at once and the others "
         "start as nodes with room join (docs/cluster.md).",
     )
-    gpus_per_worker: float = Field(0, ge=0, description="GPUs per actor; 0 runs on CPU. An actor on a GPU "
-                                   "turns off PyTorch's cuDNN attention in its process (it builds a plan at every "
-                                   "decoding step; docs/benchmarks.md).")
-    cpus_per_worker: float = Field(1, gt=0, description="CPUs reserved per actor; on CPU also its torch threads "
-                                   "(the same on every worker, so the same rows).")
-    prompts_per_batch: int | None = Field(
+    gpus_per_actor: float = Field(0, ge=0, description="GPUs per actor; 0 runs on CPU. An actor on a GPU "
+                                  "turns off PyTorch's cuDNN attention in its process (it builds a plan at every "
+                                  "decoding step; docs/benchmarks.md).")
+    cpus_per_actor: float = Field(1, gt=0, description="CPUs reserved per actor; on CPU also its torch threads "
+                                  "(the same on every actor, so the same rows).")
+    prompts_per_call: int | None = Field(
         None, ge=1,
-        description="Prompts of one actor call (a Ray Data batch). They queue in the actor's decoding loop and start "
-        "as the width (models.max_num_seqs) and KV space free. A call's rows are written and committed together when "
-        "its last prompt ends, so a larger call loses more to a crash. Its last prompts decode alone, which costs "
-        "Speculative Rejection most, since its survivors are few: a call should hold several widths' worth of "
+        description="Prompts of one actor call (Ray Data's batch_size). They queue in the actor's decoding loop and "
+        "start as the width (models.max_num_seqs) and KV cache free. A call's rows are written and committed "
+        "together when its last prompt ends, so a larger call loses more to a crash. Its last prompts decode alone, "
+        "which costs Speculative Rejection most, since its survivors are few: a call should hold several widths' worth of "
         "prompts. Null: eight widths' worth, from the width and the candidates a prompt holds (at most 1024, and "
         "no more than the prompt set spread over the actors); 64 for the methods with a loop of their own. It "
         "changes which prompts share a forward, never the rows.",
@@ -362,32 +364,34 @@ class ResourcesConfig(Strict):
         False,
         description="Continuous batching across actor calls: an actor takes two calls at once and the next call's "
         "prompts join the decoding batch as the first call's sequences finish (best_of_n, speculative_rejection, "
-        "greedy, nucleus with the target sampler, or on vllm). 19-25% more tokens per CPU-second on small models "
-        "(bench.feed), but a prompt's sequences then share forwards with another call's, chosen by Ray's timing, "
+        "greedy, nucleus with the target sampler, or on vllm). The device stays full between calls, so it makes more "
+        "tokens per device-second (docs/benchmarks.md, bench.feed). But a prompt's sequences then share forwards "
+        "with another call's, chosen by Ray's timing, "
         "and a batched forward's float sums depend on its rows: rows then match another run's only up to float "
         "noise (a few sampled tokens may differ). Off, each call decodes on its own and the same config gives the "
         "same rows.",
     )
     max_retries: int = Field(
         0, ge=0,
-        description="Times Ray Data retries a failed batch before the job fails (engine crashes fail loudly).",
+        description="Times Ray Data retries a failed call before the job fails (engine crashes fail loudly).",
     )
     wait_for_nodes_s: float = Field(
         600, ge=0,
-        description="When no node of the cluster can hold one actor (cpus_per_worker, gpus_per_worker) but an "
+        description="When no node of the cluster can hold one actor (cpus_per_actor, gpus_per_actor) but an "
         "autoscaler may add one: how long the job waits for it, before anything is written, then exits 2. Without "
         "an autoscaler such a job exits 2 at once (docs/cluster.md).",
     )
 
     @property
     def pool(self) -> tuple[int, int]:
-        """The actor pool's least and most actors: `workers` for both, or its range."""
-        w = self.workers
-        return (w, w) if isinstance(w, int) else (w.min, w.max)
+        """The actor pool's least and most actors: `actors` for both, or its range."""
+        a = self.actors
+        return (a, a) if isinstance(a, int) else (a.min, a.max)
 
 
 class CostConfig(Strict):
-    usd_per_device_hour: float = Field(2.0, ge=0, description="Price of one device (GPU, or CPU worker) per hour.")
+    usd_per_device_hour: float = Field(2.0, ge=0, description="Price of one device per hour: a GPU, or an "
+                                       "actor's CPUs on CPU.")
 
 
 SEED_MAX = 2**63 - 1  # the seed enters 64-bit integer arithmetic (workers.decoding.sampling)
@@ -420,14 +424,6 @@ class JobConfig(Strict):
         why = self.draft_needed_by
         if why and not self.models.draft:
             problems.append(f"models.draft: required by {why}")
-        kv, old = self.models.kv_cache_mb, self.models.vllm_kv_cache_mb
-        if kv is not None and old is not None and kv != old:
-            problems.append(f"models.vllm_kv_cache_mb: {old:g} differs from models.kv_cache_mb ({kv:g}); it is the "
-                            "old name of the same setting: keep kv_cache_mb")
-        cap, old = getattr(method, "kv_space_mb", None), getattr(method, "memory_budget_mb", None)
-        if cap is not None and old is not None and cap != old:
-            problems.append(f"method.memory_budget_mb: {old:g} differs from method.kv_space_mb ({cap:g}); it is the "
-                            "old name of the same setting: keep kv_space_mb")
         reward = self.models.reward
         if getattr(reward, "kv_cache_mb", None) is not None and reward.engine != "vllm":
             problems.append("models.reward.kv_cache_mb: the reward engine's KV cache applies to models.reward.engine "
@@ -448,15 +444,10 @@ class JobConfig(Strict):
         n = method.candidates()
         width = self.models.width(n)
         if method.pool and width < n:
-            name = "max_num_seqs" if self.models.max_num_seqs is not None else "vllm_max_num_seqs"
-            problems.append(f"models.{name}: {width} is fewer than method.n ({n}); a prompt's candidates decode "
+            problems.append(f"models.max_num_seqs: {width} is fewer than method.n ({n}); a prompt's candidates decode "
                             "together")
-        ms, old_ms = self.models.max_num_seqs, self.models.vllm_max_num_seqs
-        if ms is not None and old_ms is not None and ms != old_ms:
-            problems.append(f"models.vllm_max_num_seqs: {old_ms} differs from models.max_num_seqs ({ms}); it is the "
-                            "old name of the same setting: keep max_num_seqs")
         if problems:
-            raise ValueError(_CROSS_MARK + "\n".join(problems))
+            raise ValueError(CROSS_MARK + "\n".join(problems))
         return self
 
     def _verifier_problems(self) -> list[str]:
@@ -509,7 +500,7 @@ class JobConfig(Strict):
     @property
     def draft_needed_by(self) -> str | None:
         """What needs a draft model beside the target (the method, or the speculative sampler of a candidate pool),
-        or None. The one rule: validation requires `models.draft` by it and the workers load the draft by it."""
+        or None. The one rule: validation requires `models.draft` by it and the actors load the draft by it."""
         m = self.method
         if m.needs_draft:
             return f"method {m.name!r}"
@@ -519,8 +510,8 @@ class JobConfig(Strict):
 
     @property
     def concurrent_calls(self) -> int:
-        """Actor calls (Ray Data batches) one actor runs at once: two where their prompts feed one decoding loop
-        (resources.feed_calls: the next batch's prompts take the places of sequences that finish early;
+        """Actor calls one actor runs at once: two where their prompts feed one decoding loop
+        (resources.feed_calls: the next call's prompts take the places of sequences that finish early;
         workers.pool.loop), else one. Calls can feed one loop where the method decides per prompt whatever prompts
         share its loop (`feeds_across_calls`) and its prompts join a loop that decodes: any engine but the hf
         engine's speculative sampler, whose prompts start together. Decided from the config alone: the driver imports
@@ -531,14 +522,14 @@ class JobConfig(Strict):
         return CONCURRENT_CALLS if feeds else 1
 
     def call_prompts(self, prompts: int | None = None) -> int:
-        """Prompts of one actor call: resources.prompts_per_batch, or from the width and n where it is null. A
+        """Prompts of one actor call: resources.prompts_per_call, or from the width and n where it is null. A
         candidate pool's width holds width // held prompts at once, `held` being the candidates a prompt holds at its
         peak (Speculative Rejection's memory schedule: its KV space's candidates; else n); a call holds CALL_WIDTHS
         widths' worth, at most MOST_CALL_PROMPTS and at most `prompts` (the prompt set) spread over the most actors,
         so that every actor gets work."""
         r = self.resources
-        if r.prompts_per_batch is not None:
-            return r.prompts_per_batch
+        if r.prompts_per_call is not None:
+            return r.prompts_per_call
         m = self.method
         if not m.pool:
             size = OWN_LOOP_CALL_PROMPTS
@@ -550,22 +541,27 @@ class JobConfig(Strict):
             size = min(size, max(1, -(-prompts // r.pool[1])))
         return size
 
+    @property
+    def spelt(self) -> dict[str, str]:
+        """{new dotted name: old one} of the settings this config wrote under an old name that its hash follows
+        (`schemas.compat`)."""
+        return {**self.models.spelt, **self.method.spelt, **self.resources.spelt}
+
     def hash(self) -> str:
         """Stable hash of the resolved config: what makes two runs the same run. A config written before later
         fields, names and defaults hashes as it did then (`schemas.compat.hashed`), so its run folder resumes."""
-        dump = hashed(self.model_dump(mode="json"))
+        dump = hashed(self.model_dump(mode="json"), self.spelt)
         blob = json.dumps(dump, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 CONCURRENT_CALLS = 2  # actor calls one decoding loop takes at once: the one draining and the next one
-CALL_WIDTHS = 8  # a call's default prompts: this many widths' worth (resources.prompts_per_batch)
+CALL_WIDTHS = 8  # a call's default prompts: this many widths' worth (resources.prompts_per_call)
 MOST_CALL_PROMPTS = 1024  # ... at most
 OWN_LOOP_CALL_PROMPTS = 64  # a call's default prompts for the methods with a loop of their own
 
-_CROSS_MARK = "@@cross@@"
 register_union_tags(METHOD_NAMES)
-register_union_tags(["workers-count", "workers-range"])
+register_union_tags(["actors-count", "actors-range"])
 register_union_tags([get_args(r.model_fields["kind"].annotation)[0] for r in get_args(get_args(Reward)[0])])
 
 
@@ -650,6 +646,7 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
         if not all(parts):
             problems.append(f"--set {item!r}: empty component in key {key!r}")
             continue
+        parts = override_key(data, parts)  # a renamed setting: its value under any name is replaced
         node = data
         for i, p in enumerate(parts[:-1]):
             nxt = node.get(p)
@@ -672,21 +669,14 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
 
 
 def validate_config(data: Any, source: str | None = None) -> JobConfig:
-    """Build a JobConfig, or raise ConfigError listing every problem at once."""
+    """Build a JobConfig, or raise ConfigError listing every problem at once, each renamed setting named as `data`
+    writes it (an old name still reads: `schemas.compat`)."""
     if not isinstance(data, dict):
         raise ConfigError([f"(config): expected a mapping of sections, got {type(data).__name__}"], source)
     try:
         return JobConfig.model_validate(data)
     except ValidationError as err:
-        problems = []
-        for line in describe_validation_error(err, JobConfig):
-            if _CROSS_MARK in line:
-                text = line.split(_CROSS_MARK, 1)[1]
-                text = re.sub(r" \(got .*\)$", "", text, flags=re.S)
-                problems.extend(text.splitlines())
-            else:
-                problems.append(line)
-        raise ConfigError(problems, source) from None
+        raise ConfigError(as_written(describe_validation_error(err, JobConfig), data), source) from None
 
 
 def read_yaml_mapping(path: str | Path, what: str = "config", kind: str = "job config") -> dict:
@@ -721,8 +711,13 @@ def read_yaml_mapping(path: str | Path, what: str = "config", kind: str = "job c
     return raw
 
 
-def load_config(path: str | Path, overrides: list[str] | None = None) -> JobConfig:
-    """Read a YAML config, apply ``--set`` overrides, validate. Raises ConfigError on any problem."""
+def load_config(path: str | Path, overrides: list[str] | None = None,
+                warn: Callable[[str], None] | None = None) -> JobConfig:
+    """Read a YAML config, apply ``--set`` overrides, validate. Raises ConfigError on any problem. `warn` is handed
+    one line per old name of a setting the config uses (`schemas.compat.deprecated`)."""
     raw = read_yaml_mapping(path)
     raw = apply_overrides(raw, overrides or [])
-    return validate_config(raw, str(path))
+    config = validate_config(raw, str(path))
+    for line in deprecated(raw) if warn else []:
+        warn(line)
+    return config

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from schemas.compat import current
 
 
 class CostTotals(BaseModel):
@@ -16,7 +18,7 @@ class CostTotals(BaseModel):
     target_forwards: int = 0
     draft_forwards: int = 0
     reward_forwards: int = 0
-    wall_seconds: float = Field(0.0, description="summed over prompts (each prompt's batch wall time)")
+    wall_seconds: float = Field(0.0, description="summed over prompts (each prompt's call's wall time)")
     device_seconds: float = 0.0
     usd: float = Field(0.0, description="device_seconds / 3600 x cost.usd_per_device_hour")
     rows_without_cost: int = Field(
@@ -45,7 +47,8 @@ class Manifest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     name: str
-    config: dict[str, Any] = Field(description="the resolved job config")
+    config: dict[str, Any] = Field(description="the resolved job config, read under the settings' new names (a run "
+                                   "written before a rename holds the old ones: `schemas.compat.current`)")
     config_hash: str
     winnow_version: str
     packages: dict[str, str] = Field(default_factory=dict, description="versions of torch, transformers, ray, ...")
@@ -83,3 +86,8 @@ class Manifest(BaseModel):
     parameters: ParameterCounts | None = Field(
         None, description="parameter counts of the run's models; null in runs written before they were recorded"
     )
+
+    @field_validator("config")
+    @classmethod
+    def _current_names(cls, v: dict[str, Any]) -> dict[str, Any]:
+        return current(v)

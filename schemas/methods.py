@@ -7,7 +7,7 @@ Parameter names follow the papers: ``n`` and ``alpha`` (Speculative Rejection, p
 A method's abilities live on its class (`MethodParams`): whether it is a candidate pool, which engines run it,
 whether it needs a reward or a draft, how many sequences a prompt starts, whether its KV cache grows to full
 length, whether calls can feed one decoding loop, and how it samples. Validation (`schemas.config`), the actor's
-choice of concurrency and the workers read them there and nowhere else.
+choice of concurrency and `workers/` read them there and nowhere else.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Annotated, ClassVar, Literal, NamedTuple, Union
 
 from pydantic import Field
 
-from schemas.base import Strict
+from schemas.compat import Renamed
 
 
 class Sampling(NamedTuple):
@@ -37,9 +37,11 @@ class Sampling(NamedTuple):
         return cls(g.temperature, g.top_p, g.top_k, g.sampler, g.gamma)
 
 
-class MethodParams(Strict):
+class MethodParams(Renamed):
     """What every method's parameters say about it. Class attributes are fixed per method; methods depend on the
     parameters."""
+
+    section: ClassVar[str] = "method"
 
     pool: ClassVar[bool] = False  # decodes a candidate pool per prompt (workers.pool), on any engine it runs on
     engines: ClassVar[frozenset[str]] = frozenset({"hf"})  # models.engine values that run it
@@ -71,6 +73,12 @@ class MethodParams(Strict):
         """Whether it scores partial responses with the reward (decisions, or lookaheads), which a verifier cannot."""
         return self.decides() or (self.ranks_by_reward and not self.pool)
 
+    def scoring_clock(self) -> int:
+        """Steps between the ticks of a candidate pool's scoring clock: Speculative Rejection's
+        `method.scoring_steps`; for Best-of-N, whose rows never depend on it (it only scores prompts that ended),
+        BEST_OF_N_SCORING_STEPS; 1 (every step) for the pools of one candidate."""
+        return getattr(self, "scoring_steps", 1)
+
     def stop_rule(self) -> tuple[int, int] | None:
         """(k, lag): stop a prompt once k of its candidates verified, counting a verdict `lag` decoding steps after
         its candidate ended (method.stop_after_verified, verdict_lag_steps); None: no stopping."""
@@ -89,6 +97,22 @@ def stop_after_verified_field():
         "(finish_reason 'rejected') and their places go to waiting prompts. When one answer per prompt is wanted, "
         "samples after a verified one buy nothing. Needs a verifier (models.verifier, or a math or code reward). "
         "Null: every candidate runs to its end.",
+    )
+
+
+# Best-of-N's scoring clock: the prompts that ended are scored together every this many steps, in one reward call
+BEST_OF_N_SCORING_STEPS = 4
+
+
+def scoring_steps_field(default: int):
+    return Field(
+        default, ge=1, le=4096,
+        description="Steps between the ticks of the actor's scoring clock. The reward model scores only on a tick: "
+        "Speculative Rejection's decisions, the prompts it starts, and the final rewards of prompts that ended. "
+        "So many prompts share one reward-model forward, where a forward costs about the same at any width (a GPU "
+        "at small sizes). A prompt's decisions still depend on its own candidates only: it starts on a tick, and "
+        "decides on the ticks of its own clock. A longer clock shares more forwards, but a decision comes before "
+        "its prompt's KV space is full, and a freed place may wait for a tick. 1: every step.",
     )
 
 
@@ -113,6 +137,9 @@ class BestOfN(MethodParams):
     n: int = Field(16, ge=1, le=65536, description="Samples per prompt (N).")
     stop_after_verified: int | None = stop_after_verified_field()
     verdict_lag_steps: int = verdict_lag_steps_field()
+
+    def scoring_clock(self) -> int:
+        return BEST_OF_N_SCORING_STEPS
 
     def candidates(self) -> int:
         return self.n
@@ -141,23 +168,21 @@ class SpeculativeRejection(MethodParams):
         description="Schedule 'memory': each prompt's KV space is what this many of its candidates hold at full "
         "length (its prompt once, each response at the token limit): Speculative Rejection starts n candidates in "
         "the memory of Best-of-memory_candidates, as paper 001 starts a batch larger than Best-of-N could finish. "
-        "Null: n / 8 (at least 1). Bounded by the pool's space (models.kv_cache_mb x memory_fraction, "
-        "kv_space_mb); the space used is recorded in stats.kv_space_bytes.",
+        "Null: n / 8 (at least 1). Bounded by the pool's share of the KV cache (models.kv_cache_mb x "
+        "memory_fraction, or pool_kv_cache_mb); the KV space used is recorded in stats.kv_space_bytes.",
     )
-    kv_space_mb: float | None = Field(
+    pool_kv_cache_mb: float | None = Field(
         None, gt=0,
-        description="Schedule 'memory': a cap in MiB on the KV space of the actor's pool, which the prompts' spaces "
-        "share (a prompt starts when its space fits beside the running prompts'). Null: no cap beyond "
+        description="Schedule 'memory': a cap in MiB on the pool's share of the actor's KV cache, which the prompts' "
+        "KV spaces share (a prompt starts when its KV space fits beside the running prompts'). Null: no cap beyond "
         "models.kv_cache_mb x memory_fraction.",
-    )
-    memory_budget_mb: float | None = Field(
-        None, gt=0, description="The name method.kv_space_mb had before this version; the same.",
     )
     memory_fraction: float = Field(
         0.8, gt=0.0, le=1.0,
-        description="Schedule 'memory': fraction of the pool's KV space (models.kv_cache_mb, or the device's free "
-        "memory) that the prompts' spaces may fill.",
+        description="Schedule 'memory': the fraction of the actor's KV cache (models.kv_cache_mb, or the device's "
+        "free memory) that the prompts' KV spaces may fill.",
     )
+    scoring_steps: int = scoring_steps_field(4)
     stop_after_verified: int | None = stop_after_verified_field()
     verdict_lag_steps: int = verdict_lag_steps_field()
 
@@ -172,19 +197,15 @@ class SpeculativeRejection(MethodParams):
         return True
 
     def kv_grows(self) -> bool:
-        # the memory schedule rejects candidates once their cache reaches their prompt's space
+        # the memory schedule rejects candidates once their cache reaches their prompt's KV space
         return self.schedule != "memory"
 
     def alpha_(self) -> float:
         return self.alpha
 
     def kv_space_candidates(self) -> int:
-        """Schedule 'memory': the candidates at full length whose KV cache makes up a prompt's space."""
+        """Schedule 'memory': the candidates at full length whose KV cache makes up a prompt's KV space."""
         return self.memory_candidates if self.memory_candidates is not None else max(1, self.n // 8)
-
-    def kv_space_cap_mb(self) -> float | None:
-        """Schedule 'memory': the cap on the pool's KV space, under its name or its old one (memory_budget_mb)."""
-        return self.kv_space_mb if self.kv_space_mb is not None else self.memory_budget_mb
 
 
 class Greedy(MethodParams):

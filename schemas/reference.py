@@ -21,6 +21,7 @@ from annotated_types import Ge, Gt, Le, Lt, MinLen
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
+from schemas import compat
 from schemas import config as C
 from schemas import methods as M
 from schemas import rows as R
@@ -88,6 +89,10 @@ def table(model: type[BaseModel], prefix: str, skip: tuple[str, ...] = ()) -> li
         if name in skip:
             continue
         desc = (field.description or "").replace("|", "\\|").replace("\n", " ")
+        old = compat.old_names(prefix + name)
+        if old:
+            desc += " Deprecated old name" + ("s" if len(old) > 1 else "") + ": " + ", ".join(f"`{o}`" for o in old) \
+                + " (still read, with a warning)."
         lines.append(f"| `{prefix}{name}` | {type_name(field.annotation)} | {default(field)} | {bounds(field)} | "
                      f"{desc} |")
     return lines

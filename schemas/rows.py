@@ -25,7 +25,7 @@ def shown_value(value, most: int = 120) -> str:
 
 def prompt_problem(messages) -> str | None:
     """Why a prompt (a list of chat messages) cannot run, or None: the one rule, applied when the driver normalises
-    the source (`pipeline.prompts`) and again by the workers on what they are handed (`workers.actor.runner`). A
+    the source (`pipeline.prompts`) and again by the actors on what they are handed (`workers.actor.runner`). A
     message must be a {role, content} pair of strings, its role one that chat templates render (`CHAT_ROLES`:
     another is not an error of the template, which would render it or drop it without a word)."""
     if not isinstance(messages, (list, tuple)) or not messages:
@@ -102,8 +102,8 @@ STATS_FIELDS: dict[str, tuple[pa.DataType, str]] = {
                        "(method.memory_candidates of its candidates at full length); null for other schedules and "
                        "methods (before this version: memory_budget_bytes)"),
     "decoding_steps": (pa.float64(), "the prompt's share of its actor's decoding steps (its batched target forwards: "
-                       "on the hf engine a prefill is one, of a row per prompt, many prompts prefilled in one ahead of "
-                       "their start; on vllm it rides in a step): "
+                       "on the hf engine a prefill is one, of a sequence per prompt, many prompts prefilled in one "
+                       "ahead of their start; on vllm it rides in a step): "
                        "at each step it ran in, its running candidates over the step's width (summed over a run's "
                        "rows: the steps its actors took); null for methods that are not candidate pools"),
     "sequence_steps": (pa.int64(), "steps of the prompt's candidates (a prefill of the hf engine: one), summed "
@@ -169,15 +169,15 @@ COLUMN_MEANINGS: dict[str, str] = {
     "method's own answer for single-response methods); null when there is none",
     "best_text": "`candidates[best_index].text`",
     "best_reward": "`candidates[best_index].reward`",
-    "cost": "what the prompt cost (below); its batch's device time is shared among the batch's prompts in proportion "
-    "to their target tokens",
+    "cost": "what the prompt cost (below); its actor's device time is shared among the prompts it decoded by the "
+    "tokens they caused (cost.device_seconds)",
     "cost.target_tokens": "tokens the target processed for this prompt (prefill and decoding)",
     "cost.draft_tokens": "tokens the draft processed",
     "cost.reward_tokens": "tokens the reward model processed",
-    "cost.target_forwards": "batched target forward calls that included this prompt",
-    "cost.draft_forwards": "batched draft forward calls that included this prompt",
-    "cost.reward_forwards": "batched reward-model forward calls that included this prompt",
-    "cost.wall_seconds": "wall time of the prompt's batch (the actor call, from its start to its rows)",
+    "cost.target_forwards": "batched target forwards that included this prompt",
+    "cost.draft_forwards": "batched draft forwards that included this prompt",
+    "cost.reward_forwards": "batched reward-model forwards that included this prompt",
+    "cost.wall_seconds": "wall time of the prompt's actor call, from its start to its rows",
     "cost.device_seconds": "the prompt's share of its actor's device time (GPUs held, or 1 on CPU, x wall time): each "
     "stretch of decoding is shared among the prompts by the tokens they caused in it, so an actor's prompts sum to "
     "its busy time however its calls overlapped",

@@ -79,7 +79,7 @@ def job_config(tmp_path: Path, **sections) -> dict:
         "method": {"name": "best_of_n", "n": 4},
         "generation": {"max_new_tokens": 16},
         "output": {"path": str(tmp_path / "run")},
-        "resources": {"workers": 1, "prompts_per_batch": 2},
+        "resources": {"actors": 1, "prompts_per_call": 2},
     }
     for key, value in sections.items():
         if isinstance(value, dict) and isinstance(cfg.get(key), dict) and not ({"name", "kind"} & set(value)):

@@ -1,6 +1,6 @@
 """The cluster and the actor pool (issues 26 and 29): a request no node can meet is refused before anything is written
 (exit 2, naming the field and what the cluster has), or waited for while an autoscaler may add a node, for a stated
-time; `resources.workers` takes a number or a `{min, max}` range, and a node that joins mid-run gets actors and work
+time; `resources.actors` takes a number or a `{min, max}` range, and a node that joins mid-run gets actors and work
 while a node that leaves loses only its batches in flight (`pipeline.cluster`, `pipeline.job.actor_pool`).
 
 The fast tests drive `pipeline.cluster.check_room` with the nodes, the autoscaler and the clock given. The slow ones
@@ -40,45 +40,47 @@ from schemas.base import InputError
 from schemas.config import ConfigError, validate_config
 
 # ---------------------------------------------------------------------------------------------------------------
-# resources.workers: a number or a range
+# resources.actors: a number or a range
 
 
-def test_workers_is_a_number_or_a_range_and_old_configs_hash_as_before(tmp_path):
+def test_actors_is_a_number_or_a_range_and_old_configs_hash_as_before(tmp_path):
     pinned = {"name": "pinned", "data": {"source": "builtin:demo-prompts", "id_column": "id"},
               "models": {"target": "builtin:tiny-target", "reward": {"kind": "model", "path": "builtin:tiny-reward"}},
               "method": {"name": "best_of_n", "n": 4}, "output": {"path": "/runs/pinned"},
-              "resources": {"workers": 3, "cpus_per_worker": 2, "prompts_per_batch": 2}}
+              "resources": {"actors": 3, "cpus_per_actor": 2, "prompts_per_call": 2}}
     fixed = validate_config(pinned)
     assert fixed.hash() == "4630ff0fc26728ae"  # what the release before the range hashed this config to
     assert fixed.resources.pool == (3, 3)
-    assert validate_config({**pinned, "resources": {"workers": 3, "cpus_per_worker": 2, "prompts_per_batch": 2,
+    old_names = {"workers": 3, "cpus_per_worker": 2, "prompts_per_batch": 2}  # as the release before wrote them
+    assert validate_config({**pinned, "resources": old_names}).hash() == "4630ff0fc26728ae"
+    assert validate_config({**pinned, "resources": {"actors": 3, "cpus_per_actor": 2, "prompts_per_call": 2,
                                                     "wait_for_nodes_s": 600}}).hash() == "4630ff0fc26728ae"
-    ranged = validate_config({**pinned, "resources": {"workers": {"min": 2, "max": 5}}})
+    ranged = validate_config({**pinned, "resources": {"actors": {"min": 2, "max": 5}}})
     assert ranged.resources.pool == (2, 5) and ranged.hash() != fixed.hash()
-    assert ranged.model_dump(mode="json")["resources"]["workers"] == {"min": 2, "max": 5}
+    assert ranged.model_dump(mode="json")["resources"]["actors"] == {"min": 2, "max": 5}
     assert validate_config(ranged.model_dump(mode="json")).hash() == ranged.hash()  # the manifest's config resumes
 
 
-@pytest.mark.parametrize("workers, problem", [
-    (0, "resources.workers: Input should be greater than or equal to 1 (got 0)"),
-    ("four", "resources.workers: Input should be a valid integer, unable to parse string as an integer (got 'four')"),
-    ({"min": 0, "max": 2}, "resources.workers.min: Input should be greater than or equal to 1 (got 0)"),
-    ({"min": 3, "max": 2}, "resources.workers.max: 2 is below resources.workers.min (3)"),
-    ({"min": 1}, "resources.workers.max: required field is missing"),
-    ({"min": 1, "max": 2, "most": 3}, "resources.workers.most: unknown key"),
+@pytest.mark.parametrize("actors, problem", [
+    (0, "resources.actors: Input should be greater than or equal to 1 (got 0)"),
+    ("four", "resources.actors: Input should be a valid integer, unable to parse string as an integer (got 'four')"),
+    ({"min": 0, "max": 2}, "resources.actors.min: Input should be greater than or equal to 1 (got 0)"),
+    ({"min": 3, "max": 2}, "resources.actors.max: 2 is below resources.actors.min (3)"),
+    ({"min": 1}, "resources.actors.max: required field is missing"),
+    ({"min": 1, "max": 2, "most": 3}, "resources.actors.most: unknown key"),
 ])
-def test_a_bad_workers_value_is_named(tmp_path, workers, problem):
+def test_a_bad_actors_value_is_named(tmp_path, actors, problem):
     with pytest.raises(ConfigError) as err:
-        validate_config(job_config(tmp_path, resources={"workers": workers}))
+        validate_config(job_config(tmp_path, resources={"actors": actors}))
     assert any(p.startswith(problem) for p in err.value.problems), err.value.problems
 
 
-def test_the_actor_pool_follows_workers_and_the_prompts_are_read_in_blocks_of_a_few_calls(tmp_path):
+def test_the_actor_pool_follows_actors_and_the_prompts_are_read_in_blocks_of_a_few_calls(tmp_path):
     from pipeline.job import MAX_BLOCKS, actor_pool, read_blocks
 
-    fixed = actor_pool(validate_config(job_config(tmp_path, resources={"workers": 3})))
+    fixed = actor_pool(validate_config(job_config(tmp_path, resources={"actors": 3})))
     assert (fixed.min_size, fixed.max_size) == (3, 3)
-    elastic = actor_pool(validate_config(job_config(tmp_path, resources={"workers": {"min": 1, "max": 4},
+    elastic = actor_pool(validate_config(job_config(tmp_path, resources={"actors": {"min": 1, "max": 4},
                                                                          "feed_calls": True})))
     assert (elastic.min_size, elastic.max_size, elastic.max_concurrent_calls_per_actor) == (1, 4, 2)
     # a block is what one actor is handed at a time, and what one write task commits: about one call, so that every
@@ -93,7 +95,7 @@ def test_the_actor_pool_follows_workers_and_the_prompts_are_read_in_blocks_of_a_
 
 
 def config(tmp_path, **resources):
-    return validate_config(job_config(tmp_path, resources={"workers": 1, **resources}))
+    return validate_config(job_config(tmp_path, resources={"actors": 1, **resources}))
 
 
 def node(cpus: float, gpus: float = 0, name: str = "n") -> Node:
@@ -123,34 +125,34 @@ def requests(monkeypatch):
 
 def test_a_node_that_holds_an_actor_is_enough_and_fewer_than_asked_for_is_said(tmp_path, requests):
     lines: list[str] = []
-    room = check_room(config(tmp_path, workers=3), lines.append, nodes=lambda: [node(2), node(0.5)],
+    room = check_room(config(tmp_path, actors=3), lines.append, nodes=lambda: [node(2), node(0.5)],
                       autoscaler=lambda: pytest.fail("not asked when a node holds an actor"))
     assert room.actors == 2 and requests == []
-    assert lines == ["the cluster's nodes hold 2 of the 3 actor(s) resources.workers starts with (1 node of 2 CPUs, "
+    assert lines == ["the cluster's nodes hold 2 of the 3 actor(s) resources.actors starts with (1 node of 2 CPUs, "
                      "0 GPUs; 1 node of 0.5 CPUs, 0 GPUs): Ray Data runs those, and the others start as nodes with "
                      "room join"]
     lines.clear()
-    assert check_room(config(tmp_path, workers={"min": 2, "max": 8}), lines.append,
+    assert check_room(config(tmp_path, actors={"min": 2, "max": 8}), lines.append,
                       nodes=lambda: [node(1), node(1)]).actors == 2 and lines == []
-    assert check_room(config(tmp_path, cpus_per_worker=0.1), lines.append,  # 3 x 0.1 CPUs fit 0.3, to Ray's decimals
+    assert check_room(config(tmp_path, cpus_per_actor=0.1), lines.append,  # 3 x 0.1 CPUs fit 0.3, to Ray's decimals
                       nodes=lambda: [node(0.3)]).actors == 3
 
 
 def test_no_node_and_no_autoscaler_is_refused_at_once_naming_each_field(tmp_path, requests):
     with pytest.raises(InputError) as err:
-        check_room(config(tmp_path, gpus_per_worker=1, cpus_per_worker=4), nodes=lambda: [node(2), node(2)],
+        check_room(config(tmp_path, gpus_per_actor=1, cpus_per_actor=4), nodes=lambda: [node(2), node(2)],
                    autoscaler=lambda: None, sleep=lambda s: pytest.fail("no wait without an autoscaler"))
     assert err.value.problems == [
-        "resources.cpus_per_worker: one actor asks for 4 CPUs on one node, but the largest node has 2 CPUs (the "
+        "resources.cpus_per_actor: one actor asks for 4 CPUs on one node, but the largest node has 2 CPUs (the "
         "cluster: 2 nodes of 2 CPUs, 0 GPUs), and the cluster has no autoscaler to add one",
-        "resources.gpus_per_worker: one actor asks for 1 GPU on one node (0 runs on CPU), but no node of the cluster "
+        "resources.gpus_per_actor: one actor asks for 1 GPU on one node (0 runs on CPU), but no node of the cluster "
         "has a GPU (the cluster: 2 nodes of 2 CPUs, 0 GPUs), and the cluster has no autoscaler to add one",
     ]
     with pytest.raises(InputError) as err:  # enough of each, but not on one node
-        check_room(config(tmp_path, gpus_per_worker=1, cpus_per_worker=4), nodes=lambda: [node(8), node(2, 1)],
+        check_room(config(tmp_path, gpus_per_actor=1, cpus_per_actor=4), nodes=lambda: [node(8), node(2, 1)],
                    autoscaler=lambda: None)
     assert err.value.problems == [
-        "resources.cpus_per_worker and resources.gpus_per_worker: one actor asks for 4 CPUs and 1 GPU on one node, "
+        "resources.cpus_per_actor and resources.gpus_per_actor: one actor asks for 4 CPUs and 1 GPU on one node, "
         "but no node has them all (the cluster: 1 node of 8 CPUs, 0 GPUs; 1 node of 2 CPUs, 1 GPU), and the cluster "
         "has no autoscaler to add one"]
     assert requests == []
@@ -160,10 +162,10 @@ def test_an_autoscaler_whose_node_types_cannot_hold_an_actor_is_not_waited_for(t
     scaler = Autoscaler("~/ray_bootstrap_config.yaml (aws provider)",
                         (NodeGroup("gpu_worker", {"CPU": 4.0, "GPU": 1.0}, 4),))
     with pytest.raises(InputError) as err:
-        check_room(config(tmp_path, gpus_per_worker=2), nodes=lambda: [node(4)], autoscaler=lambda: scaler,
+        check_room(config(tmp_path, gpus_per_actor=2), nodes=lambda: [node(4)], autoscaler=lambda: scaler,
                    sleep=lambda s: pytest.fail("no wait for node types that cannot hold an actor"))
     assert err.value.problems == [
-        "resources.gpus_per_worker: one actor asks for 2 GPUs on one node (0 runs on CPU), but no node of the cluster "
+        "resources.gpus_per_actor: one actor asks for 2 GPUs on one node (0 runs on CPU), but no node of the cluster "
         "has a GPU (the cluster: 1 node of 4 CPUs, 0 GPUs), and no node type its autoscaler can add has that "
         "(~/ray_bootstrap_config.yaml (aws provider): gpu_worker: 4 CPUs, 1 GPU)"]
     assert requests == []
@@ -173,13 +175,13 @@ def test_the_autoscaler_is_waited_for_the_stated_time_then_given_up(tmp_path, re
     clock, lines = Clock(), []
     scaler = Autoscaler("the autoscaler's report in Ray's GCS (node types ray.head.default)")
     with pytest.raises(InputError) as err:
-        check_room(config(tmp_path, gpus_per_worker=1, wait_for_nodes_s=30), lines.append, nodes=lambda: [node(2)],
+        check_room(config(tmp_path, gpus_per_actor=1, wait_for_nodes_s=30), lines.append, nodes=lambda: [node(2)],
                    autoscaler=lambda: scaler, sleep=clock.sleep, clock=lambda: clock.now)
     assert lines == ["no node of the cluster holds an actor (1 CPU, 1 GPU) yet: waiting up to 30 s "
                      "(resources.wait_for_nodes_s) for the autoscaler (the autoscaler's report in Ray's GCS (node "
                      "types ray.head.default)) to add one"]
     assert err.value.problems == [
-        "resources.gpus_per_worker: one actor asks for 1 GPU on one node (0 runs on CPU), but no node of the cluster "
+        "resources.gpus_per_actor: one actor asks for 1 GPU on one node (0 runs on CPU), but no node of the cluster "
         "has a GPU (the cluster: 1 node of 2 CPUs, 0 GPUs), and the autoscaler (the autoscaler's report in Ray's GCS "
         "(node types ray.head.default)) added no node that holds one within resources.wait_for_nodes_s (30 s); see "
         "`ray status` for its node types and limits"]
@@ -190,7 +192,7 @@ def test_the_autoscaler_is_waited_for_the_stated_time_then_given_up(tmp_path, re
 def test_a_node_the_autoscaler_adds_in_time_ends_the_wait(tmp_path, requests):
     clock, lines = Clock(), []
     views = iter([[node(0)], [node(0)], [node(0), node(1, name="new")]])
-    room = check_room(config(tmp_path, workers={"min": 1, "max": 2}), lines.append, nodes=lambda: next(views),
+    room = check_room(config(tmp_path, actors={"min": 1, "max": 2}), lines.append, nodes=lambda: next(views),
                       autoscaler=lambda: Autoscaler("x", (NodeGroup("cpu", None, -1),)), sleep=clock.sleep,
                       clock=lambda: clock.now)
     assert (room.actors, room.waited_s) == (1, cluster.POLL_S)  # seen at the second look of the wait
@@ -279,12 +281,12 @@ def _private_env(tmp: str) -> dict:
 
 @pytest.mark.slow
 def test_a_request_no_node_can_meet_exits_2_at_once_naming_the_fields(tmp_path):
-    """`gpus_per_worker: 1` on this machine without a GPU, and more CPUs per actor than it has: exit 2 right after Ray
+    """`gpus_per_actor: 1` on this machine without a GPU, and more CPUs per actor than it has: exit 2 right after Ray
     starts, with both fields and what the cluster has, and no run folder."""
     temp = tempfile.mkdtemp(prefix="wcn", dir="/tmp")
     try:
-        cfg = write_config(tmp_path / "job.yaml", job_config(tmp_path, resources={"workers": 1, "gpus_per_worker": 1,
-                                                                                  "cpus_per_worker": 64}))
+        cfg = write_config(tmp_path / "job.yaml", job_config(tmp_path, resources={"actors": 1, "gpus_per_actor": 1,
+                                                                                  "cpus_per_actor": 64}))
         started = time.monotonic()
         proc = winnow("generate", str(cfg), env=_private_env(temp), timeout=180)
         seconds = time.monotonic() - started
@@ -293,9 +295,9 @@ def test_a_request_no_node_can_meet_exits_2_at_once_naming_the_fields(tmp_path):
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "winnow generate: started a local Ray (" in proc.stdout
     assert "winnow generate: 2 problem(s):\n" in proc.stderr
-    assert "  - resources.cpus_per_worker: one actor asks for 64 CPUs on one node, but the largest node has " in \
+    assert "  - resources.cpus_per_actor: one actor asks for 64 CPUs on one node, but the largest node has " in \
         proc.stderr
-    assert "  - resources.gpus_per_worker: one actor asks for 1 GPU on one node (0 runs on CPU), but no node of the " \
+    assert "  - resources.gpus_per_actor: one actor asks for 1 GPU on one node (0 runs on CPU), but no node of the " \
            "cluster has a GPU (the cluster: 1 node of " in proc.stderr
     assert "and the cluster has no autoscaler to add one" in proc.stderr
     assert "Traceback" not in proc.stderr and "may hang" not in proc.stderr
@@ -326,7 +328,7 @@ def _job(tmp_path: Path, name: str, workers, prompts: Path) -> Path:
     cfg = job_config(tmp_path, data={"source": str(prompts), "limit": None}, method={"name": "best_of_n", "n": 4},
                      models={"reward": {"kind": "python", "function": "test_cluster_nodes:paced_reward"}},
                      generation={"max_new_tokens": 16}, output={"path": str(tmp_path / "runs")},
-                     resources={"workers": workers, "prompts_per_batch": 1, "max_retries": 2})
+                     resources={"actors": workers, "prompts_per_call": 1, "max_retries": 2})
     return write_config(tmp_path / f"{name}.yaml", cfg)
 
 
@@ -368,7 +370,7 @@ def test_a_node_that_joins_takes_batches_and_one_that_leaves_loses_nothing(tmp_p
         single.mkdir()
         base = winnow("generate", str(_job(single, "job", {"min": 2, "max": 3}, prompts)), env=env, timeout=300)
         assert base.returncode == 0, base.stderr[-3000:]
-        assert "the cluster's nodes hold 1 of the 2 actor(s) resources.workers starts with" in base.stdout
+        assert "the cluster's nodes hold 1 of the 2 actor(s) resources.actors starts with" in base.stdout
         baseline = _rows(single / "runs")
         assert len(baseline) == 48
 
@@ -490,7 +492,7 @@ def test_the_job_waits_for_the_autoscaler_and_gives_up_after_the_stated_time(tmp
     _, env = autoscaling_cluster
     gpu = write_config(tmp_path / "gpu.yaml", job_config(
         tmp_path, output={"path": str(tmp_path / "gpu-run")},
-        resources={"workers": 1, "gpus_per_worker": 1, "wait_for_nodes_s": 4}))
+        resources={"actors": 1, "gpus_per_actor": 1, "wait_for_nodes_s": 4}))
     started = time.monotonic()
     proc = winnow("generate", str(gpu), env=env, timeout=180)
     assert proc.returncode == 2, proc.stderr[-3000:]
@@ -501,7 +503,7 @@ def test_the_job_waits_for_the_autoscaler_and_gives_up_after_the_stated_time(tmp
     assert "added no node that holds one within resources.wait_for_nodes_s (4 s)" in proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "gpu-run").exists()
 
-    cpu = write_config(tmp_path / "cpu.yaml", job_config(tmp_path, resources={"workers": 1, "wait_for_nodes_s": 150}))
+    cpu = write_config(tmp_path / "cpu.yaml", job_config(tmp_path, resources={"actors": 1, "wait_for_nodes_s": 150}))
     proc = winnow("generate", str(cpu), env=env, timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "winnow generate: joined the Ray cluster at RAY_ADDRESS=" in proc.stdout
@@ -518,7 +520,7 @@ def test_models_that_do_not_fit_an_actors_share_of_a_gpu_are_refused_naming_the_
     from schemas.config import validate_config
 
     def cfg(share, dtype="auto"):
-        return validate_config(job_config(Path("/tmp"), resources={"gpus_per_worker": share},
+        return validate_config(job_config(Path("/tmp"), resources={"gpus_per_actor": share},
                                           models={"dtype": dtype}))
 
     gib = 2**30
@@ -527,7 +529,7 @@ def test_models_that_do_not_fit_an_actors_share_of_a_gpu_are_refused_naming_the_
     assert share_problems(cfg(1), 10 * gib, "L4", params) == []  # a whole device: the engines size themselves
     assert share_problems(cfg(0.25), 80 * gib, "H100", params) == []  # 14.9 GiB of 16-bit weights in 18 GiB
     problems = share_problems(cfg(0.25, "float32"), 80 * gib, "H100", params)  # 32 GB of float32 weights
-    assert problems == ["resources.gpus_per_worker: 0.25 of a GPU (H100, 80.0 GiB) gives an actor 18.0 GiB, and the "
+    assert problems == ["resources.gpus_per_actor: 0.25 of a GPU (H100, 80.0 GiB) gives an actor 18.0 GiB, and the "
                         "models' weights alone take 29.8 GiB (target 26.1 GiB, reward 3.7 GiB, 4 bytes a parameter); "
                         "give each actor at least 0.41 of a GPU, or smaller models"]
 
@@ -536,7 +538,7 @@ def test_check_share_reads_the_gpu_through_a_probe_and_refuses_models_that_do_no
     from schemas.base import InputError
     from schemas.config import validate_config
 
-    config = validate_config(job_config(tmp_path, resources={"gpus_per_worker": 0.25}))
+    config = validate_config(job_config(tmp_path, resources={"gpus_per_actor": 0.25}))
     said = []
     cluster.check_share(config, log=said.append, probe=lambda share: (2**30, "tiny GPU"),
                         count=lambda location: 0)  # nothing counted: fits
@@ -548,10 +550,10 @@ def test_check_share_reads_the_gpu_through_a_probe_and_refuses_models_that_do_no
 
 
 def test_actors_that_share_a_gpu_are_packed_on_one_device(tmp_path, requests):
-    """gpus_per_worker 0.25: a node of one GPU (and the CPUs) holds four actors; one of half a GPU holds two."""
-    room = check_room(config(tmp_path, workers=4, gpus_per_worker=0.25, cpus_per_worker=1), lambda line: None,
+    """gpus_per_actor 0.25: a node of one GPU (and the CPUs) holds four actors; one of half a GPU holds two."""
+    room = check_room(config(tmp_path, actors=4, gpus_per_actor=0.25, cpus_per_actor=1), lambda line: None,
                       nodes=lambda: [node(4, gpus=1)], autoscaler=lambda: None)
     assert room.actors == 4
-    room = check_room(config(tmp_path, workers=4, gpus_per_worker=0.25, cpus_per_worker=1), lambda line: None,
+    room = check_room(config(tmp_path, actors=4, gpus_per_actor=0.25, cpus_per_actor=1), lambda line: None,
                       nodes=lambda: [node(8, gpus=0.5)], autoscaler=lambda: None)
     assert room.actors == 2

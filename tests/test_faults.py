@@ -55,7 +55,7 @@ RUN_TIMEOUT = 300
 def fault_config(tmp_path: Path, name: str, max_retries: int) -> Path:
     # feed_calls: an actor runs two batches at once, so a failure names both
     cfg = job_config(tmp_path, **FAULT_JOB, output={"path": str(tmp_path / name)},
-                     resources={"workers": 1, "prompts_per_batch": 2, "max_retries": max_retries, "feed_calls": True})
+                     resources={"actors": 1, "prompts_per_call": 2, "max_retries": max_retries, "feed_calls": True})
     return write_config(tmp_path / f"{name}.yaml", cfg)
 
 
@@ -212,7 +212,7 @@ def assert_names_the_dead_actor(error: str, rec: dict) -> None:
     assert f"pid {rec['pid']}" in error, error
     assert f"on node {rec['node_ip']} (node id {rec['node_id']})" in error, error
     plural = "" if rec["prompts"] == 1 else "s"
-    assert "while running the batch of prompts " in error or "while running the batches of prompts " in error, error
+    assert "while running the call of prompts " in error or "while running the calls of prompts " in error, error
     assert f"{rec['first']}..{rec['last']} ({rec['prompts']} prompt{plural})" in error, error
 
 
@@ -225,13 +225,13 @@ def assert_names_an_actor_lost_with_its_node(error: str, rec: dict, run: Path) -
     started after `rec`'s ended), else it says the batch cannot be named."""
     assert error.startswith("actor "), error
     assert " became unreachable (" in error or " died (" in error, error
-    if "while running the batch of prompts" in error or "while running the batches of prompts" in error:
+    if "while running the call of prompts" in error or "while running the calls of prompts" in error:
         assert f"actor {rec['actor_id']} " in error, error
         named = re.findall(r"(\S+\.\.\S+) \(", error.split(" of prompts ", 1)[1])
         left = {f"{r['first']}..{r['last']}" for r in records(run) if r.get("actor_id") == rec["actor_id"]}
         assert named and set(named) <= left, (named, left, error)
     else:
-        assert "while running a batch that cannot be named" in error, error
+        assert "while running a call that cannot be named" in error, error
 
 
 @pytest.fixture(scope="module")
@@ -286,7 +286,7 @@ def test_a_dead_actor_is_named_with_its_node_cause_and_batch(tmp_path):
     assert faults.describe_failure(err, RunFolder(str(tmp_path))) == (
         "actor dc03fb59fac606a79410bd1501000000 (MapWorker(MapBatches(GenerateBatch)), pid 29349) on node 192.0.2.2 "
         f"(node id {'8d66' * 14}) died (its worker process has died; exit type SYSTEM_ERROR: Worker unexpectedly "
-        "exits with a connection error code 2. End of file) while running the batch of prompts demo-004..demo-005 "
+        "exits with a connection error code 2. End of file) while running the call of prompts demo-004..demo-005 "
         "(2 prompts)"
     )
 
@@ -297,8 +297,8 @@ def test_an_unknown_batch_is_said_to_be_unknown(tmp_path):
     line = faults.describe_failure(err, RunFolder(str(tmp_path)))
     assert line.startswith("actor dc03fb59fac606a79410bd1501000000 (MapWorker(MapBatches(GenerateBatch)), pid 29349) "
                            "on node 192.0.2.2 died (its worker process has died")
-    assert line.endswith("while running a batch that cannot be named: _inflight/ in the run folder holds no record "
-                         "of one (the actor died between batches, or could not write the record)")
+    assert line.endswith("while running a call that cannot be named: _inflight/ in the run folder holds no record "
+                         "of one (the actor died between calls, or could not write the record)")
     assert "demo-004" not in line
 
 
@@ -307,7 +307,7 @@ def test_an_unreachable_actor_and_other_errors():
                                                 bytes.fromhex("79a46dccb9d04b159f648a8801000000")))
     line = faults.describe_failure(err, None)
     assert line == ("actor 79a46dccb9d04b159f648a8801000000 on a node Ray did not report became unreachable (The "
-                    "actor is temporarily unavailable: RpcError: connection refused) while running a batch that "
+                    "actor is temporarily unavailable: RpcError: connection refused) while running a call that "
                     "cannot be named (no run folder to read its record from)")
     assert faults.describe_failure(RuntimeError("reward service unavailable"), None) == \
         "RuntimeError: reward service unavailable"  # not an actor's death: pipeline.raydata.short_error, as before
@@ -323,15 +323,15 @@ def test_the_record_of_the_process_that_died_names_the_batch(tmp_path):
     died = ray_data_raises(RayActorError("dc03fb59fac606a79410bd1501000000", DIED.replace("pid: 29349", "pid: 111")))
     line = faults.describe_failure(died, folder)
     assert "(MapWorker(MapBatches(GenerateBatch)), pid 111) on node 192.0.2.2 (node id lost) died" in line
-    assert line.endswith("while running the batch of prompts demo-002..demo-003 (2 prompts)")
+    assert line.endswith("while running the call of prompts demo-002..demo-003 (2 prompts)")
     unreachable = ray_data_raises(ActorUnavailableError("RpcError: connection refused",
                                                         bytes.fromhex("dc03fb59fac606a79410bd1501000000")))
     line = faults.describe_failure(unreachable, folder, dead_nodes={"lost"})
     assert line == ("actor dc03fb59fac606a79410bd1501000000 (pid 111) on node 192.0.2.2 (node id lost) became "
-                    "unreachable (RpcError: connection refused) while running the batch of prompts demo-002..demo-003 "
+                    "unreachable (RpcError: connection refused) while running the call of prompts demo-002..demo-003 "
                     "(2 prompts)")
     line = faults.describe_failure(unreachable, folder, dead_nodes=set())  # which life cannot be told: both, by pid
-    assert line.endswith("while running the batches of prompts demo-002..demo-003 (2 prompts, pid 111); "
+    assert line.endswith("while running the calls of prompts demo-002..demo-003 (2 prompts, pid 111); "
                          "demo-006..demo-006 (1 prompt, pid 222)")
 
 

@@ -50,7 +50,7 @@ def test_no_config_field_takes_nan_or_inf():
 
 
 @pytest.mark.parametrize("key, value", [("generation.temperature", ".nan"), ("cost.usd_per_device_hour", ".inf"),
-                                         ("method.alpha", ".nan"), ("resources.cpus_per_worker", "-.inf")])
+                                         ("method.alpha", ".nan"), ("resources.cpus_per_actor", "-.inf")])
 def test_validate_refuses_a_float_that_is_not_finite(tmp_path, key, value):
     cfg = write_config(tmp_path / "job.yaml", job_config(tmp_path, method={"name": "speculative_rejection", "n": 4}))
     proc = winnow("validate", str(cfg), "--schema-only", "--set", f"{key}={value}")

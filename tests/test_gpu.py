@@ -2,7 +2,8 @@
 
 What only a GPU can show: the memory schedule and the memory guard read the device's free memory; bfloat16 decoding
 keeps the exactness oracles within bfloat16's tolerance; the shared-prefix probe and the reward's prefix probe pass
-at their bfloat16 tolerance; the in-place KV cache stays on the device.
+at their bfloat16 tolerance; the in-place KV cache stays on the device; the static decoding step ('auto' on a GPU)
+is captured in CUDA graphs, replays the eager step's tokens, and keeps the oracles.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ pytestmark = [pytest.mark.gpu,
 
 
 def _runner(dtype: str, **over) -> Runner:
-    return Runner(config(models={"dtype": dtype}, resources={"gpus_per_worker": 1}, **over))
+    return Runner(config(models={"dtype": dtype}, resources={"gpus_per_actor": 1}, **over))
 
 
 def test_free_memory_is_the_devices_and_the_memory_schedule_uses_it():
@@ -73,3 +74,50 @@ def test_the_kv_cache_grows_on_the_device():
 def test_the_engine_runs_without_cudnn_attention():
     _runner("bfloat16")
     assert not torch.backends.cuda.cudnn_sdp_enabled()
+
+
+def _static_run(runner: Runner, capture: bool, step: str = "static") -> tuple[list, int]:
+    """A batch on the device that starts two prompts, loses rows, takes two more and decodes on: its tokens, and the
+    graphs its static step captured."""
+    from workers.decoding.sampling import Warp
+    from workers.decoding.target import TargetSampler
+
+    prompts = [p.ids for p in trio_prompts(demo_items(4))]
+    s = TargetSampler(runner.engine.target, runner.pad_id, runner.eos_ids, Warp(1.0), 0, step=step, capture=capture)
+    with torch.inference_mode():
+        b = s.prefill(prompts[:2], 8, [1, 2], [40, 40])
+        for _ in range(12):
+            s.step(b)
+        b.alive[1::3] = False
+        b.compact()
+        b.extend(s.prefill(prompts[2:], 8, [3, 4], [40, 40], first_group=2), runner.pad_id)
+        for _ in range(30):
+            s.step(b)
+    return b.tokens.tolist(), (s.store.captures if s.store is not None else 0)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_static_step_is_captured_and_replays_the_eager_static_steps_tokens(dtype):
+    runner = _runner(dtype)
+    assert runner.engine.decode_step == "static"  # 'auto' on a GPU
+    captured, graphs = _static_run(runner, capture=True)
+    eager, none = _static_run(runner, capture=False)
+    assert graphs >= 2 and none == 0  # the rows changed bucket at the compaction and the join
+    assert captured == eager  # a graph replays the eager step's kernels
+
+
+def test_the_captured_step_gives_the_dynamic_steps_tokens_in_float32():
+    runner = _runner("float32")
+    assert _static_run(runner, capture=True)[0] == _static_run(runner, capture=False, step="dynamic")[0]
+
+
+def test_speculative_rejection_with_alpha_zero_is_best_of_n_under_cuda_graphs():
+    base = _runner("float32", method={"name": "best_of_n", "n": 8})
+    sr = Runner(config(models={"dtype": "float32"}, resources={"gpus_per_worker": 1},
+                       method={"name": "speculative_rejection", "n": 8, "alpha": 0.0, "schedule": "fixed",
+                               "every_k_tokens": 6}), share=base)
+    items = demo_items(6)
+    bon_rows, sr_rows = base.run(items), sr.run(items)
+    assert any(r["stats"]["rejection_rounds"] > 0 for r in sr_rows)
+    assert [[c["text"] for c in r["candidates"]] for r in sr_rows] == \
+        [[c["text"] for c in r["candidates"]] for r in bon_rows]

@@ -38,7 +38,8 @@ def test_missing_config_file(tmp_path, capsys):
 
 
 def test_unknown_keys_wrong_types_and_ranges_all_at_once(tmp_path, capsys):
-    cfg = job_config(tmp_path, resources={"workers": 0, "prompts_per_batch": "four"})
+    cfg = job_config(tmp_path)
+    cfg["resources"] = {"workers": 0, "prompts_per_batch": "four"}  # old names: each problem names the key as written
     cfg["data"]["sorce"] = "x"
     cfg["method"]["n"] = -1
     status, err = run(tmp_path, capsys, cfg)

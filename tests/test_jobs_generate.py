@@ -32,7 +32,7 @@ def manifest_of(run: Path) -> dict:
 def test_quickstart_on_two_local_workers(tmp_path):
     """The shipped quickstart, as a user runs it: its own local Ray, 2 actors, 6 prompts; then again (resume)."""
     run = tmp_path / "quickstart"
-    args = ["generate", "configs/quickstart.yaml", "--set", "resources.workers=2", "--set", "data.limit=6",
+    args = ["generate", "configs/quickstart.yaml", "--set", "resources.actors=2", "--set", "data.limit=6",
             "--set", f"output.path={run}"]
     as_users = {"WINNOW_RAY_DASHBOARD": "1"}  # the tests' other runs go without Ray's dashboard (conftest)
     first = winnow(*args, env=as_users)
@@ -49,7 +49,7 @@ def test_quickstart_on_two_local_workers(tmp_path):
     rejected = [c for r in rows for c in r["candidates"] if c["finish_reason"] == "rejected"]
     assert rejected and all(c["reward"] is None for c in rejected)  # Speculative Rejection did cut candidates
     assert (m["status"], m["rows"], m["errors"], m["name"]) == ("succeeded", 6, 0, "quickstart")
-    assert m["config"]["resources"]["workers"] == 2 and m["finished_at"] >= m["started_at"]
+    assert m["config"]["resources"]["actors"] == 2 and m["finished_at"] >= m["started_at"]
     device_s = sum(r["cost"]["device_seconds"] for r in rows)
     assert m["cost"]["device_seconds"] == pytest.approx(device_s)
     assert m["cost"]["usd"] == pytest.approx(device_s / 3600 * 2.0)
@@ -155,7 +155,7 @@ def test_sigkill_then_resume_writes_each_prompt_exactly_once(tmp_path):
     run = tmp_path / "run"
     cfg = write_config(tmp_path / "job.yaml", job_config(
         tmp_path, data={"limit": None}, method={"name": "best_of_n", "n": 8}, generation={"max_new_tokens": 32},
-        resources={"workers": 1, "prompts_per_batch": 1}))
+        resources={"actors": 1, "prompts_per_call": 1}))
     kill_once_committed(cfg, run, tmp_path / "first.log", timeout=300)
     written_before = len({r["prompt_id"] for r in rows_of(run)}) if (run / "candidates").exists() else 0
     assert 0 < written_before < len(DEMO), f"the kill should land mid-run; {written_before} rows were written"
@@ -177,7 +177,7 @@ def test_sigkill_then_resume_writes_each_prompt_exactly_once(tmp_path):
 def test_a_write_cut_short_is_rolled_back_and_redone(ray_session, tmp_path):
     """A crash between a data file's write and its checkpoint's commit: the next run deletes it and redoes it."""
     cfg = write_config(tmp_path / "job.yaml", job_config(tmp_path, data={"limit": 4},
-                                                         resources={"prompts_per_batch": 1}))
+                                                         resources={"prompts_per_call": 1}))
     assert generate.main([str(cfg)]) == 0
     run = tmp_path / "run"
     committed = sorted((run / "_checkpoint").glob("*.parquet"))
@@ -192,6 +192,34 @@ def test_a_write_cut_short_is_rolled_back_and_redone(ray_session, tmp_path):
     assert sorted(ids) == sorted(d["id"] for d in DEMO[:4])  # ...and its prompts written again, once
     assert set(victim_ids) <= set(ids)
     assert not list((run / "_checkpoint").glob("*.pending.parquet"))
+
+
+def test_a_run_folder_written_under_the_old_names_resumes(ray_session, tmp_path, capsys):
+    """A run folder of the release before the settings' renames holds its config under the old names
+    (`resources.workers`, `prompts_per_batch`, ...). Run again, with the config under either spelling, it resumes
+    (the hash is the same: `schemas.compat`): the work left is done, each prompt once."""
+    cfg = job_config(tmp_path, data={"limit": 4}, resources={"prompts_per_call": 1})
+    assert generate.main([str(write_config(tmp_path / "new.yaml", cfg))]) == 0
+    run = tmp_path / "run"
+    manifest = manifest_of(run)  # as the release before wrote it
+    r = manifest["config"]["resources"]
+    for new, old in (("actors", "workers"), ("gpus_per_actor", "gpus_per_worker"),
+                     ("cpus_per_actor", "cpus_per_worker"), ("prompts_per_call", "prompts_per_batch")):
+        r[old] = r.pop(new)
+    manifest["config"]["models"].update(vllm_kv_cache_mb=None, vllm_max_num_seqs=None)
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    victim = sorted((run / "_checkpoint").glob("*.parquet"))[0]
+    victim.rename(victim.with_name(victim.stem + ".pending.parquet"))  # a commit cut short: work left to do
+    old = {**cfg, "resources": {"workers": 1, "prompts_per_batch": 1}}
+    capsys.readouterr()
+    assert generate.main([str(write_config(tmp_path / "old.yaml", old))]) == 0
+    out = capsys.readouterr()
+    assert "resuming 'test'" in out.out and "3 already written" in out.out, out.out
+    assert "winnow: warning: resources.workers is deprecated; use resources.actors" in out.err
+    ids = [r["prompt_id"] for r in rows_of(run)]
+    assert sorted(ids) == sorted(d["id"] for d in DEMO[:4])  # every prompt once
+    manifest = manifest_of(run)
+    assert manifest["status"] == "succeeded" and manifest["config"]["resources"]["actors"] == 1
 
 
 def test_only_rays_known_noise_is_dropped_from_the_drivers_stderr(capfd):

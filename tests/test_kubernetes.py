@@ -410,7 +410,7 @@ def test_retries_recreate_the_cluster_and_resume_the_same_run_folder():
 
 def test_the_gpu_workers_hold_the_actors_the_entry_point_asks_for():
     r = _entry_config().resources
-    assert r.gpus_per_worker > 0, "resources.gpus_per_worker is 0: the actors would run on the workers' CPUs"
+    assert r.gpus_per_actor > 0, "resources.gpus_per_actor is 0: the actors would run on the workers' CPUs"
     groups = _spec()["rayClusterSpec"].get("workerGroupSpecs") or []
     gpus = 0
     for group in groups:
@@ -420,15 +420,15 @@ def test_the_gpu_workers_hold_the_actors_the_entry_point_asks_for():
             continue
         assert request is None or str(request) == str(limit), (
             f"worker group {group['groupName']}: Kubernetes wants {GPU} requests equal to limits")
-        assert r.cpus_per_worker <= _cpus(res["limits"]["cpu"]), (
-            f"worker group {group['groupName']}: an actor reserves {r.cpus_per_worker} CPUs, a pod has "
+        assert r.cpus_per_actor <= _cpus(res["limits"]["cpu"]), (
+            f"worker group {group['groupName']}: an actor reserves {r.cpus_per_actor} CPUs, a pod has "
             f"{res['limits']['cpu']}")
         per_pod = int(limit)
-        assert per_pod >= r.gpus_per_worker, f"{group['groupName']}: {per_pod} GPUs per pod < gpus_per_worker"
+        assert per_pod >= r.gpus_per_actor, f"{group['groupName']}: {per_pod} GPUs per pod < gpus_per_actor"
         gpus += per_pod * group.get("numOfHosts", 1) * group["maxReplicas"]
     assert gpus, f"no worker group asks for {GPU}: the models would have no GPU"
-    assert r.workers * r.gpus_per_worker <= gpus, (
-        f"{r.workers} actors x {r.gpus_per_worker} GPUs, but the worker groups hold {gpus} GPUs at most")
+    assert r.actors * r.gpus_per_actor <= gpus, (
+        f"{r.actors} actors x {r.gpus_per_actor} GPUs, but the worker groups hold {gpus} GPUs at most")
     head = _ray_container(_ray_pods()["head"]).get("resources") or {}
     assert GPU not in (head.get("limits") or {}), "the head runs the driver, not the models: no GPU"
 

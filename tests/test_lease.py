@@ -251,7 +251,7 @@ def test_sigterm_as_from_ray_job_stop_ends_the_run_as_interrupted_and_it_resumes
     run = tmp_path / "run"
     cfg = write_config(tmp_path / "job.yaml", job_config(
         tmp_path, data={"limit": None}, method={"name": "best_of_n", "n": 8}, generation={"max_new_tokens": 32},
-        resources={"workers": 1, "prompts_per_batch": 1}))
+        resources={"actors": 1, "prompts_per_call": 1}))
     proc = subprocess.Popen([sys.executable, "-m", "jobs.generate", str(cfg)], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:

@@ -270,7 +270,7 @@ def test_resume_repairs_a_damaged_file_and_the_manifest_never_says_less_than_it_
 
     monkeypatch.setattr(job, "run", fake_run)
     lines = []
-    outcome = job.execute(job.Plan(cfg, folder, "resume"), None, log=lines.append)
+    outcome = job.execute(job.CheckedJob(cfg, folder, "resume"), None, log=lines.append)
     assert (seen["manifest"]["status"], seen["manifest"]["rows"]) == ("running", 2)
     assert any("candidates/w_000001-0.parquet is damaged" in line for line in lines)
     assert outcome.status == "succeeded" and sorted(outcome.tally.ids) == ["a", "b", "c", "d"]
@@ -289,7 +289,7 @@ def test_a_resume_that_cannot_count_the_folder_leaves_the_manifest_as_it_was(tmp
 
     monkeypatch.setattr(job, "tally", outage)
     with pytest.raises(OSError):
-        job.execute(job.Plan(cfg, folder, "resume"), None, log=lambda line: None)
+        job.execute(job.CheckedJob(cfg, folder, "resume"), None, log=lambda line: None)
     assert (Path(folder.path) / "manifest.json").read_text() == before
 
 
@@ -301,7 +301,7 @@ def test_a_finished_run_resumed_keeps_saying_succeeded(tmp_path, monkeypatch):
     original = RunFolder.write_manifest
     monkeypatch.setattr(RunFolder, "write_manifest", lambda self, m: (writes.append(m.status), original(self, m)))
     monkeypatch.setattr(job, "run", lambda *a, **kw: pytest.fail("nothing is left to generate"))
-    assert job.execute(job.Plan(cfg, folder, "resume"), None, log=lambda line: None).status == "succeeded"
+    assert job.execute(job.CheckedJob(cfg, folder, "resume"), None, log=lambda line: None).status == "succeeded"
     assert writes == []  # nothing left to do: never rewritten, as running or at all (its times are kept)
 
 

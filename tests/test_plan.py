@@ -18,7 +18,7 @@ from conftest_runs import cand, row, write_run
 from planning import projection as pj
 from planning.caveats import caveats
 from planning.sample import choose, length_summary, lengths_against, parse_size, prompt_chars
-from planning.sweep import default_methods, label, parse_methods, sweep_workers
+from planning.sweep import default_methods, label, parse_methods, sweep_actors
 from reporting.frontier import Point, frontier
 from reporting.plancheck import PLAN_FORMAT
 from reporting.stats import bootstrap_intervals
@@ -38,7 +38,7 @@ def test_totals_are_the_sample_mean_times_the_prompt_set_with_the_bootstrap_inte
     a = _measured("a", [0.5, 0.7, math.nan, 0.9], [10, 20, 30, 40], [100, 100, 100, 100], [1e9, 2e9, 3e9, 2e9],
                   [1, 1, 2, 4], errors=1)
     b = _measured("b", [0.6, 0.6, 0.6, 0.6], [8, 8, 8, 8], [50, 60, 70, 80], None, [3, 3, 3, 3])
-    pa_, pb = pj.project([a, b], prompts=1000, workers=4, usd_per_device_hour=2.0, fixed_seconds=30.0)
+    pa_, pb = pj.project([a, b], prompts=1000, actors=4, usd_per_device_hour=2.0, fixed_seconds=30.0)
     fa, fb = pa_["figures"], pb["figures"]
     # mean best reward over the prompts every config completed (0, 1, 3): a = (0.5 + 0.7 + 0.9) / 3, b = 0.6
     assert fa["mean_best_reward"]["value"] == pytest.approx(0.7)
@@ -81,7 +81,7 @@ def test_measure_counts_errors_and_missing_rows_as_costing_what_they_were_billed
 
 
 def test_fixed_seconds_is_the_median_wall_beyond_device_time():
-    # (wall, device-seconds, workers): 10 - 8/2 = 6, 20 - 10 = 10, 5 - 100 -> 0
+    # (wall, device-seconds, actors): 10 - 8/2 = 6, 20 - 10 = 10, 5 - 100 -> 0
     assert pj.fixed_seconds([(10, 8, 2), (20, 10, 1), (5, 100, 1)]) == 6
     assert pj.fixed_seconds([(10, 8, 2), (20, 10, 1)]) == 8
     assert pj.fixed_seconds([]) == 0.0
@@ -180,9 +180,9 @@ def test_prompt_lengths_and_the_length_caveats():
     assert any("the sampled prompts are shorter on average (10.0 characters" in c and "too low" in c for c in lines)
     assert any(c.startswith("10 of the 100 prompts (10%) are longer than the longest sampled one") for c in lines)
     assert any("fewer than 30" in c for c in lines) and any("1 of the prompt set's 101 rows" in c for c in lines)
-    device = {"kind": "cpu", "cpus_per_worker": 1, "engine": "hf", "dtype": "auto", "load_average": 9.0,
-              "host_cpus": 2, "gpus_per_worker": 0, "accelerators": []}
-    lines = caveats(meta, [device, {**device, "cpus_per_worker": 2}], [], [], ["sr-n4"])
+    device = {"kind": "cpu", "cpus_per_actor": 1, "engine": "hf", "dtype": "auto", "load_average": 9.0,
+              "host_cpus": 2, "gpus_per_actor": 0, "accelerators": []}
+    lines = caveats(meta, [device, {**device, "cpus_per_actor": 2}], [], [], ["sr-n4"])
     assert any("ran on different devices" in c for c in lines)
     assert any(c.startswith("device-hours, USD and wall-clock hold only for the device") for c in lines)
     assert any("load average 9.0 on 2 cores" in c for c in lines)
@@ -201,7 +201,7 @@ def test_methods_their_labels_and_the_default_sweep(tmp_path):
     job = validate_config(job_config(tmp_path, method={"name": "speculative_rejection", "n": 32}))
     assert [label(m) for m in default_methods(job)] == ["bon-n1", "bon-n2", "bon-n4", "bon-n8", "bon-n16", "bon-n32",
                                                         "sr-n8", "sr-n16", "sr-n32"]
-    assert sweep_workers(validate_config(job_config(tmp_path, resources={"workers": 8})), 5) == 3  # batches of 2
+    assert sweep_actors(validate_config(job_config(tmp_path, resources={"actors": 8})), 5) == 3  # batches of 2
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -269,7 +269,8 @@ def test_a_target_no_reward_of_its_kind_reaches_and_a_folder_of_something_else_a
 
 def _plan_folder(tmp_path: Path, device: dict | None = None) -> Path:
     """A plan.json projecting 100 prompts: best_of_n n=2 with reward 0.5 [0.45, 0.55], 2,000 generated and processed
-    tokens [1,900, 2,100], 1 device-hour [0.9, 1.1] at $2, 500 s beyond device time on 1 worker."""
+    tokens [1,900, 2,100], 1 device-hour [0.9, 1.1] at $2, 500 s beyond device time on 1 actor. Written as a plan
+    of the release before the settings' renames was (`workers`, `gpus_per_worker`): `winnow report --plan` reads it."""
     job = {"name": "job", "models": {"target": "builtin:tiny-target", "reward": {"kind": "model", "path": "rm"}},
            "method": {"name": "best_of_n", "n": 4}, "output": {"path": "full"},
            "resources": {"workers": 1, "gpus_per_worker": 0}, "cost": {"usd_per_device_hour": 2.0}}
@@ -290,12 +291,12 @@ def _plan_folder(tmp_path: Path, device: dict | None = None) -> Path:
 
 def _full_run(tmp_path: Path, reward: float, gpus: float) -> tuple[str, list[dict]]:
     """A Best-of-2 run of 100 prompts, each with best reward `reward`, 20 tokens and 36 device-seconds, on
-    `gpus` GPUs per worker; (its path, its rows)."""
+    `gpus` GPUs per actor; (its path, its rows)."""
     rows = [row(f"p{i}", [cand("a", reward, tokens=10), cand("b", 0.1, tokens=10)], device_seconds=36.0)
             for i in range(100)]
     full = write_run(str(tmp_path / "full"), rows, name="full", method_params={"n": 2})
     manifest = json.loads((tmp_path / "full" / "manifest.json").read_text())
-    manifest["config"]["resources"] = {"workers": 1, "gpus_per_worker": gpus}
+    manifest["config"]["resources"] = {"workers": 1, "gpus_per_worker": gpus}  # as the release before wrote it
     (tmp_path / "full" / "manifest.json").write_text(json.dumps(manifest))
     return full, rows
 
@@ -310,6 +311,7 @@ def test_report_plan_says_which_figures_fell_inside_their_intervals(tmp_path):
     assert "Plan check: full as bon-n2: 4 of 6 checked figures inside their 95% intervals (outside: mean best " \
            "reward, wall-clock); not checked: FLOPs (not projected)." in got.stdout
     report = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert report["plan"]["actors"] == 1  # the plan's `workers`, under its new name
     full_check, other_check = report["plan"]["runs"]
     figures = {f["figure"]: f for f in full_check["figures"]}
     reward = figures["mean_best_reward"]
@@ -317,7 +319,7 @@ def test_report_plan_says_which_figures_fell_inside_their_intervals(tmp_path):
     assert figures["generated_tokens"]["actual"] == 2000 and figures["generated_tokens"]["inside"] is True
     assert figures["device_hours"]["actual"] == pytest.approx(1.0) and figures["device_hours"]["inside"] is True
     assert figures["usd"]["inside"] is True and figures["flops"]["not_checked"] == "not projected"
-    # wall-clock: the manifest's hour against 500 s + 3,600 s / 1 worker, [3,740, 4,460]
+    # wall-clock: the manifest's hour against 500 s + 3,600 s / 1 actor, [3,740, 4,460]
     assert figures["wall_seconds"]["actual"] == 3600 and figures["wall_seconds"]["inside"] is False
     assert other_check["plan_config"] is None and "no swept config of the plan has this run's method" in \
         other_check["notes"][0]
@@ -332,7 +334,7 @@ def test_report_plan_does_not_check_device_figures_of_another_device_nor_a_bad_p
     got = winnow("report", full, "--plan", str(plan), "--out", str(tmp_path / "report"))
     assert got.returncode == 0, got.stderr
     check = json.loads((tmp_path / "report" / "report.json").read_text())["plan"]["runs"][0]
-    assert "another device than the plan's sample (resources.gpus_per_worker)" in check["notes"][0]
+    assert "another device than the plan's sample (resources.gpus_per_actor)" in check["notes"][0]
     assert {f["figure"] for f in check["figures"] if f["not_checked"] == "another device"} == {
         "device_hours", "usd", "wall_seconds"}
     assert check["inside"] == check["checked"] == 3
@@ -358,8 +360,8 @@ def test_a_plan_killed_mid_sweep_resumes_with_its_sample_and_is_checked_against_
     from jobs.plan import main as plan_main
     from jobs.report import main as report_main
 
-    cfg = write_config(tmp_path / "job.yaml", _job(tmp_path, prompts=40, resources={"workers": 1,
-                                                                                     "prompts_per_batch": 2}))
+    cfg = write_config(tmp_path / "job.yaml", _job(tmp_path, prompts=40, resources={"actors": 1,
+                                                                                     "prompts_per_call": 2}))
     out = tmp_path / "my plan"  # a space: every command the plan prints must still copy-paste
     args = [str(cfg), "--sample", "8", "--sweep-share", "5", "--methods", "best_of_n:n=1,2",
             "speculative_rejection:n=4", "--out", str(out)]

@@ -192,7 +192,7 @@ def test_the_verified_rate_and_the_usd_per_verified_prompt_are_projected():
     # four sampled prompts: 3,600 device-seconds each ($2 at $2 per hour), two verified, one an error
     m = pj.Measured("x", np.array([1.0, 0.0, 1.0, math.nan]), np.ones(4), np.ones(4), np.full(4, 10.0),
                     np.full(4, 3600.0), 1, np.array([1.0, 0.0, 1.0, math.nan]))
-    got = pj.project([m], prompts=100, workers=2, usd_per_device_hour=2.0, fixed_seconds=0.0,
+    got = pj.project([m], prompts=100, actors=2, usd_per_device_hour=2.0, fixed_seconds=0.0,
                      warmup_seconds=36.0)[0]["figures"]
     assert got["verified_rate"]["value"] == pytest.approx(2 / 3)
     # the three prompts that ran cost $6 for two verified: $3, plus the full run's warm-up (2 x 36 s = $0.04)
@@ -217,7 +217,7 @@ def _plan(tmp_path: Path, folder: str) -> dict:
                                          "device_hours", "usd", "wall_seconds")}
     chars = {"prompts": 10, "mean": 5.0, "min": 1, "median": 5.0, "p95": 9.0, "max": 10}
     return {
-        "job": {"name": "j", "workers": 1, "usd_per_device_hour": 2.0, "output": f"{folder}/runs/full it"},
+        "job": {"name": "j", "actors": 1, "usd_per_device_hour": 2.0, "output": f"{folder}/runs/full it"},
         "dataset": {"prompts": 100, "rows": 100, "input_errors": 0, "source": "p.jsonl", "limit": None},
         "sample": {"prompts": 10, "fraction": 0.1, "seed": 0, "file": "s.jsonl", "sha256": "0" * 64,
                    "prompt_chars": {"dataset": chars, "sample": chars}},
@@ -235,7 +235,7 @@ def _plan(tmp_path: Path, folder: str) -> dict:
         "sweep_cost": {"device_seconds": 1.0, "usd": 0.01, "processed_tokens": 10, "flops": None,
                        "fraction_of_full_run_usd": 0.05, "fraction_of_full_run_flops": None, "full_run": "bon-n2",
                        "of_job": {"label": "bon-n4", "fraction_usd": 0.03, "fraction_flops": None}},
-        "wall_model": {"fixed_seconds": 1.0, "workers": 1}, "folder": folder,
+        "wall_model": {"fixed_seconds": 1.0, "actors": 1}, "folder": folder,
         "command": "winnow plan 'a b.yaml'",
     }
 
@@ -283,7 +283,7 @@ def _quickstart_plan(tmp_path: Path) -> Path:
                   "processed_tokens": fig(400, 300, 500), "flops": None, "device_hours": fig(0.01, 0.0, 0.02),
                   "usd": fig(0.02, 0.0, 0.04), "wall_seconds": fig(40, 0, 80)}
     plan = {"format": PLAN_FORMAT, "command": "winnow plan configs/quickstart.yaml",
-            "job": {"name": "quickstart", "config": quickstart, "workers": 1, "usd_per_device_hour": 2.0},
+            "job": {"name": "quickstart", "config": quickstart, "actors": 1, "usd_per_device_hour": 2.0},
             "dataset": {"prompts": 16}, "sample": {"prompts": 16}, "answer": {"label": "bon-n2"}, "level": 0.95,
             "device": None, "device_line": None, "wall_model": {"fixed_seconds": 0.0},
             "configs": [{"label": "bon-n2", "method": bon.method.model_dump(mode="json"), "projection": projection}]}

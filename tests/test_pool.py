@@ -48,7 +48,8 @@ STREAMS = {(f"p{i}", c): ([c + 1] * 5 + [EOS] if c == 2 else [c + 1] * 2 + [EOS]
 
 def test_fixed_schedule_cuts_the_lowest_alpha_fraction_and_answers_with_the_best_finished():
     meter = Meter(2)
-    sr = params_of({"name": "speculative_rejection", "n": 6, "alpha": 0.5, "schedule": "fixed", "every_k_tokens": 4})
+    sr = params_of({"name": "speculative_rejection", "n": 6, "alpha": 0.5, "schedule": "fixed", "every_k_tokens": 4,
+                    "scoring_steps": 1})  # a decision at each prompt's own step (the scoring clock's tests are below)
     decoder = ReplayDecoder(6, STREAMS)
     results = decode(Pool.for_method(scripted_context(meter), decoder, sr), [prompt(0), prompt(1)])
     for res in results:
@@ -108,7 +109,8 @@ def test_places_a_cut_frees_start_a_waiting_prompt_in_the_step_of_the_cut_and_it
     """Width 9 holds one prompt of 6 candidates. Prompt 0's round at 4 tokens (3 rejected, 1 ended) leaves 2 running,
     so prompt 1 starts in that turn (after the decoder's 3rd step: a start holds the first token), not a step later,
     and both prompts decide as each does alone."""
-    sr = params_of({"name": "speculative_rejection", "n": 6, "alpha": 0.5, "schedule": "fixed", "every_k_tokens": 4})
+    sr = params_of({"name": "speculative_rejection", "n": 6, "alpha": 0.5, "schedule": "fixed", "every_k_tokens": 4,
+                    "scoring_steps": 1})  # a decision at each prompt's own step (the scoring clock's tests are below)
 
     def run(prompts, width):
         meter = Meter(len(prompts))

@@ -280,7 +280,7 @@ def test_generate_with_progress_into_a_file_prints_prompts_done_as_the_run_goes(
     such a run prints none (tests/test_jobs_generate.py's quiet run)."""
     cfg = write_config(tmp_path / "job.yaml", job_config(
         tmp_path, data={"limit": 24}, method={"name": "best_of_n", "n": 4}, generation={"max_new_tokens": 24},
-        resources={"workers": 1, "prompts_per_batch": 2}))
+        resources={"actors": 1, "prompts_per_call": 2}))
     done = winnow("generate", str(cfg), "--progress", env={"WINNOW_PROGRESS_S": "0.2"})
     assert done.returncode == 0, done.stderr[-3000:]
     out = done.stdout

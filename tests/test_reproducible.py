@@ -66,7 +66,7 @@ def two_threads_with_delays(runner: Runner, calls: list[list[dict]], seed: int) 
 def test_the_same_calls_give_the_same_rows_however_they_are_timed(method):
     items = demo_items(8)
     calls = [items[i: i + 2] for i in range(0, 8, 2)]
-    cfg = config(method=method, generation={"max_new_tokens": 24}, resources={"prompts_per_batch": 2})
+    cfg = config(method=method, generation={"max_new_tokens": 24}, resources={"prompts_per_call": 2})
     runner = Runner(cfg)
     want = exact(one_after_another(runner, calls))
     assert exact(two_threads_with_delays(runner, calls, seed=1)) == want
@@ -83,7 +83,7 @@ def test_smollm2_gives_the_same_rows_three_times_however_the_calls_are_timed():
 
     raw = merge(BASE, {"models": {"target": "builtin:smollm2-135m-instruct", "reward": {"kind": "logprob"}},
                        "method": {"name": "best_of_n", "n": 8}, "generation": {"max_new_tokens": 24},
-                       "resources": {"prompts_per_batch": 2}})
+                       "resources": {"prompts_per_call": 2}})
     cfg = resolved(validate_config(raw), on_node=True)
     items = [it for it in assets.prompt_items("real-prompts") if "concepts" not in it][:4]
     calls = [items[:2], items[2:]]
@@ -95,7 +95,7 @@ def test_smollm2_gives_the_same_rows_three_times_however_the_calls_are_timed():
 
 
 # -- what the batching settings may change (issue 26) ---------------------------------------------------------------
-# resources.prompts_per_batch and models.max_num_seqs decide which prompts share a batched forward, never a prompt's
+# resources.prompts_per_call and models.max_num_seqs decide which prompts share a batched forward, never a prompt's
 # draws (keyed per prompt, candidate and position), its decisions (its own candidates' lengths and rewards) or the
 # order its candidates start in. A batched forward's float sums depend on its rows (padding, blocking), so a sampled
 # token may differ only where its draw falls within that rounding of the boundary between two tokens: docs/jobs.md's
@@ -121,7 +121,7 @@ def test_on_the_trio_the_batching_settings_change_no_row(method):
 
     def cfg_of(per_call, width):
         return config(method=method, generation={"max_new_tokens": 24}, models={"max_num_seqs": width},
-                      resources={"prompts_per_batch": per_call})
+                      resources={"prompts_per_call": per_call})
 
     first, *others = rows_by_batching(cfg_of, items, [(1, 256), (4, 256), (8, 256), (8, 16)])
     got = [sampled(first, close=lambda v: v)]
@@ -160,7 +160,7 @@ def test_on_smollm2_the_batching_settings_change_only_a_rare_token_by_float_roun
 
     def cfg_of(per_call, width):
         return resolved(validate_config(merge(raw, {"models": {"max_num_seqs": width},
-                                                     "resources": {"prompts_per_batch": per_call}})), on_node=True)
+                                                     "resources": {"prompts_per_call": per_call}})), on_node=True)
 
     one, batched = rows_by_batching(cfg_of, items, [(1, 256), (8, 256)])
     pairs = [(a, b) for ra, rb in zip(one, batched) for a, b in zip(ra["candidates"], rb["candidates"])]

@@ -80,7 +80,7 @@ def recipe_dict(out: Path, **over) -> dict:
         "name": "tiny", "out": str(out), "rounds": 1, "model": "builtin:tiny-target", "reward": {"kind": "lexical"},
         "prompts": {"vocabulary": "tiny-world", "train": 128, "heldout": 64},
         "sources": {"bon": {"name": "best_of_n", "n": 8}},
-        "job": {"generation": {"max_new_tokens": 48}, "resources": {"prompts_per_batch": 8}},
+        "job": {"generation": {"max_new_tokens": 48}, "resources": {"prompts_per_call": 8}},
         "train": {"epochs": 5, "learning_rate": 1.0e-3, "cpu_threads": 1},
         "evaluation": {"greedy": False},
     }

@@ -46,29 +46,34 @@ def test_rejection_cut_counts_finished_candidates_but_never_keeps_or_drops_them(
     assert rejection_cut([], [0.5, 0.6], 0.5) == []
 
 
-@pytest.mark.parametrize("memory_candidates", [1, 2])
-def test_memory_schedule_decides_when_a_prompts_cache_would_pass_its_space(items, memory_candidates):
+@pytest.mark.parametrize("memory_candidates,every", [(1, 1), (2, 1), (1, 4), (2, 4)])
+def test_memory_schedule_decides_when_a_prompts_cache_would_pass_its_space(items, memory_candidates, every):
     """A prompt's first decision comes at the first length d where its running candidates' cache (the prompt once,
-    each response with the next token) would pass the space of `memory_candidates` candidates at full length."""
+    each response with the next token) would pass the space of `memory_candidates` candidates at full length. On a
+    scoring clock of `every` steps, d is the first tick of its own clock (a multiple of `every` tokens) where the
+    cache would pass the space by the next tick."""
     n, kv = 8, model_kv_bytes(trio().engine.target)
-    method = {"name": "speculative_rejection", "n": n, "alpha": 0.5, "memory_candidates": memory_candidates}
+    method = {"name": "speculative_rejection", "n": n, "alpha": 0.5, "memory_candidates": memory_candidates,
+              "scoring_steps": every}
     prompts, results, _ = run_trio(method, items)
     decided = []
     for p, res in zip(prompts, results):
         space = (len(p.ids) + memory_candidates * p.limit) * kv
         assert res.stats["kv_space_bytes"] == space
 
-        def held(t: int) -> int:  # the cache after the next token, when the responses are t tokens long
+        def held(t: int) -> int:  # the cache by the next tick (every tokens on), when the responses are t tokens long
             running = [c for c in res.candidates if len(c.tokens) > t or (len(c.tokens) == t and c.partial_rewards
                                                                           and c.finish_reason == "rejected")]
-            return (len(p.ids) + len(running) * (t + 1)) * kv
+            return (len(p.ids) + len(running) * (t + every)) * kv
 
+        ticks = range(every, max(len(c.tokens) for c in res.candidates) + 1, every) if every > 1 else \
+            range(1, max(len(c.tokens) for c in res.candidates) + 1)
         if res.stats["decision_tokens"]:
             d = res.stats["decision_tokens"][0]
-            assert held(d) > space >= max(held(t) for t in range(1, d))
+            assert d in ticks and held(d) > space >= max((held(t) for t in ticks if t < d), default=0)
             decided.append(d)
         else:  # its candidates ended before they would have passed its space
-            assert all(held(t) <= space for t in range(1, max(len(c.tokens) for c in res.candidates) + 1))
+            assert all(held(t) <= space for t in ticks)
     assert decided, "no prompt decided: the test proves nothing"
 
 

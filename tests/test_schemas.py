@@ -25,10 +25,10 @@ def problems(data):
 
 def test_every_error_is_reported_at_once_with_its_field():
     bad = {**GOOD, "data": {"source": "a", "limitt": 3}, "method": {"name": "speculative_rejection", "alpha": 1.5},
-           "generation": {"temperature": -1, "top_p": 0}, "resources": {"workers": 0}}
+           "generation": {"temperature": -1, "top_p": 0}, "resources": {"actors": 0}}
     got = problems(bad)
     fields = [p.split(":")[0] for p in got]
-    assert fields == ["data.limitt", "method.alpha", "generation.temperature", "generation.top_p", "resources.workers"]
+    assert fields == ["data.limitt", "method.alpha", "generation.temperature", "generation.top_p", "resources.actors"]
     assert "unknown key" in got[0] and "less than 1" in got[1] and "(got 1.5)" in got[1]
 
 
@@ -93,8 +93,8 @@ def test_cross_field_rules_name_the_field():
     # the interface contract's minimal SR config runs on CPU and on GPU: the budget is measured at run time
     for gpus in (0, 1):
         ok = {**GOOD, "method": {"name": "speculative_rejection", "n": 64, "alpha": 0.5},
-              "resources": {"gpus_per_worker": gpus}}
-        assert validate_config(ok).method.kv_space_cap_mb() is None
+              "resources": {"gpus_per_actor": gpus}}
+        assert validate_config(ok).method.pool_kv_cache_mb is None
 
 
 def test_set_overrides_parse_yaml_values_and_name_bad_keys():

@@ -287,7 +287,7 @@ def test_speculative_rejection_with_alpha_zero_is_best_of_n_with_the_speculative
     wanted = [set(range(3 + g, 48, 4)) for g in range(3)]
     gen = {"sampler": "speculative", "gamma": 3, "temperature": 1.0}
     bon = run({"name": "best_of_n", "n": 6}, toy_context(target, draft, gen, coverage_reward(wanted), 3), prompts)
-    method = {"name": "speculative_rejection", "n": 6, "alpha": 0.0, "schedule": "memory", "kv_space_mb": 0.05}
+    method = {"name": "speculative_rejection", "n": 6, "alpha": 0.0, "schedule": "memory", "pool_kv_cache_mb": 0.05}
     sr = run(method, toy_context(target, draft, gen, coverage_reward(wanted), 3), prompts)
     assert any(r.stats["rejection_rounds"] > 0 for r in sr)
     for s, b in zip(sr, bon):

@@ -4,7 +4,11 @@ verified answer, pass@k), the stop rule, and a python reward's rows and time lim
 from __future__ import annotations
 
 import itertools
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 from concurrent.futures import Future
 
 import pytest
@@ -163,6 +167,17 @@ def test_a_python_reward_that_hangs_fails_at_its_time_limit_naming_it():
                                            r"0.5 s \(1 texts; models.reward.timeout_s\)"):
         scorer(_items(["a"]))
     assert time.monotonic() - started < 5
+
+
+def test_a_process_whose_python_reward_hung_still_exits():
+    """The hung call's thread cannot be stopped; it must not hold the process at exit (a thread pool's would)."""
+    program = ("from workers.verifiers.user_function import UserFunction\n"
+               "fn = UserFunction('verifier_fixtures:hangs', 'models.reward.function', 0.2, [])\n"
+               "try:\n    fn([[]], ['a'], [{}])\nexcept RuntimeError as err:\n    print(err)\n")
+    tests = Path(__file__).resolve().parent
+    env = {**os.environ, "PYTHONPATH": f"{tests}{os.pathsep}{tests.parent}"}
+    done = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "did not return within 0.2 s" in done.stdout, done
 
 
 def test_a_python_verifier_judges_beside_the_caller_and_refuses_what_is_not_a_verdict():

@@ -132,6 +132,120 @@ def test_speculative_rejection_with_alpha_0_is_best_of_n(engine):
     assert candidate_seed(0, 5, 3) == candidate_seed(0, 5, 0) + 3
 
 
+def repeated_items(count: int, times: int = 4) -> list[dict]:
+    """The first `count` demo prompts, each asked `times` times over: 57-73 tokens, one or two full KV blocks."""
+    return [{**it, "prompt_id": f"{it['prompt_id']}-x{times}",
+             "prompt": [{"role": "user", "content": " ".join([it["prompt"][0]["content"]] * times)}]}
+            for it in demo_items(count)]
+
+
+def test_a_prompts_candidates_share_its_full_blocks_from_their_first_step(engine):
+    """A prompt's candidates start in one engine step, and vLLM caches a block when it schedules it: the first
+    candidate computes the whole prompt, each other one only the tail after its last full block (the prefix cache
+    serves the rest, `num_cached_tokens`); `target_tokens` counts exactly that."""
+    r = runner(engine, method={"name": "best_of_n", "n": 8})
+    items = repeated_items(4)
+    prompts = [p for _, p in r.prepare(items)[0]]
+    llm, block = r.engine.llm, r.engine.block_size
+    cached: dict[str, int] = {}
+    step = llm.step
+
+    def spy():
+        outs = step()
+        for o in outs:
+            cached.setdefault(o.request_id, o.num_cached_tokens)
+        return outs
+
+    assert in_engine_thread(r, lambda: llm.reset_prefix_cache())  # nothing cached by the tests before
+    llm.step = spy
+    try:
+        rows = r.run(items)
+    finally:
+        del llm.step
+    for g, (row, p) in enumerate(zip(rows, prompts)):
+        full = (len(p.ids) - 1) // block * block  # a request computes at least its prompt's last token
+        assert full >= block
+        assert sorted(v for k, v in cached.items() if k.split(":")[1] == str(g)) == [0] + [full] * 7
+        assert row["cost"]["target_tokens"] == \
+            len(p.ids) + 7 * (len(p.ids) - full) + row["stats"]["generated_tokens"]
+
+
+def test_a_prompts_candidates_enter_vllm_in_one_step_and_its_rows_do_not_depend_on_what_shares_the_call(engine):
+    """vLLM's token budget per step (max_num_batched_tokens) holds the first step of three of these prompts' 32
+    candidates; without chunked prefill vLLM would leave part of the next prompt's requests for a later step, a
+    token behind its others, and decisions read their lengths. The decoder adds a prompt's requests only in a step
+    that holds them all: each prompt's candidates have their first token in one step, some prompts wait, and the
+    rows of one call are those of each prompt alone (Speculative Rejection at n = 32, width 256, on 16 concept
+    prompts); Best-of-N's too."""
+    from bench.bill import concept_items
+
+    from workers.engines.vllm import first_step_tokens
+
+    items = concept_items(16)
+    sr = runner(engine, method={"name": "speculative_rejection", "n": 32, "alpha": 0.5})
+    assert sr.params.scoring_clock() == 4 and sr.config.models.width(32) == 256
+    llm, budget = sr.engine.llm, sr.engine.step_tokens
+    prompts = [p for _, p in sr.prepare(items)[0]]
+    assert sum(first_step_tokens(len(p.ids), 32, sr.engine.block_size) for p in prompts) > 3 * budget
+    first: dict[str, int] = {}  # request id -> the engine step of its first token
+    steps = [0]
+    step = llm.step
+
+    def spy():
+        outs = step()
+        steps[0] += 1
+        for o in outs:
+            first.setdefault(o.request_id, steps[0])
+        return outs
+
+    llm.step = spy
+    try:
+        whole = sr.run(items)
+    finally:
+        del llm.step
+    of_prompt: dict[str, set[int]] = {}
+    for rid, at in first.items():
+        of_prompt.setdefault(rid.split(":")[1], set()).add(at)
+    assert len(of_prompt) == 16 and all(len(at) == 1 for at in of_prompt.values())
+    assert len({min(at) for at in of_prompt.values()}) > 1  # not all in one step: some prompts waited
+    alone = [sr.run([it])[0] for it in items]
+    assert sum(r["stats"]["rejection_rounds"] for r in whole) > 0
+    for a, b in zip(whole, alone):
+        same_candidates(a, b)
+        assert a["stats"]["decision_tokens"] == b["stats"]["decision_tokens"]
+        assert a["cost"]["target_tokens"] == b["cost"]["target_tokens"]
+    bon = runner(engine, method={"name": "best_of_n", "n": 32})
+    for a, b in zip(bon.run(items), [bon.run([it])[0] for it in items]):
+        same_candidates(a, b)
+
+
+def test_a_prompt_whose_candidates_pass_the_step_budget_alone_is_refused_naming_it(engine):
+    """The engine's token budget per step holds the longest prompt's n candidates (`step_token_budget`, from the
+    target's context and method.n at build); an engine built for a smaller n refuses such a prompt before its call
+    starts, naming vLLM's max_num_batched_tokens."""
+    from workers.engines.vllm import first_step_tokens, step_token_budget
+
+    e = engine.engine
+    assert e.step_tokens == step_token_budget(e.context_length, 8, 256) == 2048  # vLLM's own floor for n = 8
+    for n in (1, 8, 32, 128):
+        budget = step_token_budget(e.context_length, n, 256)
+        assert all(first_step_tokens(length, n, e.block_size) <= budget for length in range(1, e.context_length))
+    r = runner(engine, method={"name": "best_of_n", "n": 128})
+
+    def long(words: int) -> list[dict]:
+        return [{"prompt_id": "long", "prompt": [{"role": "user", "content": "word " * words}]}]
+
+    (_, p), = r.prepare(long(200))[0]
+    words = 200 + (-len(p.ids)) % e.block_size  # whole blocks: each candidate after the first computes a block
+    (_, p), = r.prepare(long(words))[0]
+    assert len(p.ids) < e.context_length and first_step_tokens(len(p.ids), 128, e.block_size) > e.step_tokens
+    with pytest.raises(RuntimeError, match="max_num_batched_tokens"):
+        r.run(long(words))
+    (_, p), = r.prepare(long(4))[0]
+    assert first_step_tokens(len(p.ids), 128, e.block_size) <= e.step_tokens
+    assert len(r.run(long(4))[0]["candidates"]) == 128  # a short prompt's 128 candidates fit
+
+
 def test_rejected_requests_stop_at_their_decision_token(engine):
     """A rejected candidate's tokens stop at the decision that rejected it, on the client and in the engine core
     (counted where the core hands its outputs over), and nothing is left in the scheduler or the KV cache."""

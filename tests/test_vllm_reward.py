@@ -254,7 +254,7 @@ def test_winnow_generate_on_vllm_engines_killed_and_resumed_scores_each_prompt_o
         models={"target": "builtin:tiny-target", "engine": "vllm", "kv_cache_mb": 64,
                 "reward": {"kind": "model", "path": str(folder), "engine": "vllm", "kv_cache_mb": 512}},
         method={"name": "best_of_n", "n": 8}, generation={"max_new_tokens": 32},
-        resources={"workers": 1, "prompts_per_batch": 1}))
+        resources={"actors": 1, "prompts_per_call": 1}))
     kill_once_committed(cfg, run, tmp_path / "first.log")
     written = len({r["prompt_id"] for r in pads.dataset(str(run / "candidates")).to_table().to_pylist()})
     assert 0 < written < 16, f"the kill should land mid-run; {written} rows were written"

@@ -14,7 +14,8 @@ The samplers (`workers.decoding.target`, `workers.decoding.speculative`) prefill
 across its candidates (`workers.decoding.shared_prefix`; repeated across them, ``batch_repeat_interleave``, for a
 model where sharing is not exact); the KV cache grows in place (`workers.decoding.kvcache`); finished and rejected
 sequences leave the cache by selection (``batch_select_indices``), never by a new prefill; prompts may join a batch
-while it decodes (`Batch.extend`, continuous batching).
+while it decodes (`Batch.extend`, continuous batching). The target sampler's static step moves a started batch's
+cache into fixed storage (`workers.decoding.static_step.StaticCache`), where the same operations keep their meaning.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from transformers import DynamicCache
 from workers.accounting.work import Work
 from workers.decoding.kvcache import cache_kw, drop_left, fork_cache, join_caches, layers_of
 from workers.decoding.shared_prefix import SharedPrefixCache, shared_forward
+from workers.decoding.static_step import StaticCache
 
 
 def position_ids(mask: torch.Tensor) -> torch.Tensor:
@@ -52,6 +54,12 @@ def forward(
     until its batch compacts is nobody's, so a prompt's count depends on its own sequences only.
     """
     t = input_ids.shape[1]
+    if isinstance(cache, StaticCache):  # the static step: one token per sequence, the last logits
+        if t != 1 or keep != 1:
+            raise ValueError(f"a static cache's step feeds one token and keeps one logit, not {t} and {keep}")
+        logits = cache.step(input_ids, mask)  # [B, 1, V]
+        work.forward(role, group, mask[:, -1], counted)
+        return logits
     pos = position_ids(mask)[:, -t:]  # [B, T]
     inputs = dict(input_ids=input_ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=keep)
     if isinstance(cache, SharedPrefixCache):
@@ -110,7 +118,10 @@ class Batch:
         if self.size == 0:
             return
         real = self.mask.any(0)
-        if isinstance(self.cache, SharedPrefixCache):
+        if isinstance(self.cache, StaticCache):
+            first = int(real.float().argmax()) if bool(real.any()) else self.mask.shape[1]
+            first = self.cache.drop_left(first)  # only once they are worth a shift of the storage
+        elif isinstance(self.cache, SharedPrefixCache):
             width = self.cache.width
             after = int(real[width:].float().argmax()) if bool(real[width:].any()) else self.mask.shape[1] - width
             if after:
@@ -131,7 +142,12 @@ class Batch:
         to this batch while it decodes: the caches are joined (`SharedPrefixCache.extend`, or right-aligned
         `kvcache.join_caches`) and the columns one side lacks become holes in its mask."""
         rows, la, lb = self.size, self.mask.shape[1], other.mask.shape[1]
-        if isinstance(self.cache, SharedPrefixCache) and isinstance(other.cache, SharedPrefixCache):
+        if isinstance(self.cache, StaticCache) and type(other.cache) is not SharedPrefixCache:
+            left = int((other.limit - other.length).max()) if other.size else 0  # tokens its rows may still take
+            self.cache.join(other.cache, other.size, lb, lb + left + 1)
+            width = max(la, lb)
+            mask_a, mask_b = _pad_mask(self.mask, width - la, 0), _pad_mask(other.mask, width - lb, 0)
+        elif isinstance(self.cache, SharedPrefixCache) and isinstance(other.cache, SharedPrefixCache):
             suffix = la - self.cache.width
             pad_self, pad_other = self.cache.extend(other.cache, rows)
             mask_a = _pad_mask(self.mask, pad_self, 0)

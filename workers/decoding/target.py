@@ -5,6 +5,11 @@ A *sampler* (here and in `workers.decoding.speculative`) is how the hf engine tu
 token of every sequence, `done` says which have finished. Draws are counter-based (`workers.decoding.sampling`), so
 a sequence's tokens do not depend on the sequences batched with it. A sampler records the forwards it runs in its
 own `Work`, which its decoder takes after each call (`take_work`) and hands up with the step's output.
+
+The target sampler's step is dynamic (the cache and the width exactly as the sequences need) or static
+(`workers.decoding.static_step`: fixed storage and widths in buckets, each bucket's step captured in a CUDA graph on a
+GPU). A static sampler moves a batch's repeated cache into its storage at the batch's first step; a batch whose
+prompts share their cache keeps the dynamic step.
 """
 
 from __future__ import annotations
@@ -15,7 +20,8 @@ from workers.accounting.work import Work
 from workers.decoding.batch import Batch, Prefilled, forward, left_pad
 from workers.decoding.kvcache import model_kv_bytes, new_cache
 from workers.decoding.sampling import STREAM_TOKEN, Warp, next_tokens_and_logprobs, uniforms
-from workers.decoding.shared_prefix import share
+from workers.decoding.shared_prefix import SharedPrefixCache, share
+from workers.decoding.static_step import StaticCache, steps_exactly
 
 
 class TargetSampler:
@@ -32,7 +38,13 @@ class TargetSampler:
         eos_ids: list[int],
         warp: Warp,
         seed: int,
+        step: str = "dynamic",
+        capture: bool = True,
     ):
+        """`step`: 'dynamic' or 'static' (kept dynamic for a model whose static step would not give its own logits,
+        `steps_exactly`); `capture`: whether a static step is captured in CUDA graphs on a CUDA device."""
+        if step not in ("dynamic", "static"):
+            raise ValueError(f"TargetSampler: step must be 'dynamic' or 'static', not {step!r}")
         self.model = model
         self.device = next(model.parameters()).device
         self.pad_id = pad_id
@@ -41,6 +53,9 @@ class TargetSampler:
         self.seed = seed
         self.work = Work()  # the forwards run since the decoder last took them
         self.kv_bytes_per_column = model_kv_bytes(model)
+        self.static = step == "static" and steps_exactly(model)
+        self.capture = capture
+        self.store: StaticCache | None = None  # the static step's storage, reused by the next batch once empty
 
     def take_work(self) -> Work:
         """The forwards run since the last call, handed to the decoder (a fresh record starts)."""
@@ -96,10 +111,25 @@ class TargetSampler:
     # -- decode --------------------------------------------------------------------------------------------------
     def step(self, batch: Batch) -> None:
         """Feed every sequence's pending token and sample its next one."""
+        if self.static and not isinstance(batch.cache, (StaticCache, SharedPrefixCache)):
+            batch.cache = self._into_store(batch)
         batch.mask = torch.cat([batch.mask, batch.mask.new_ones(batch.size, 1)], dim=1)  # [B, L+1]
         logits = forward(self.model, self.role, batch.pending[:, None], batch.mask, batch.cache, batch.group,
                          self.work, counted=batch.alive)
         self._sample_into(batch, logits[:, -1])
+
+    def _into_store(self, batch: Batch) -> StaticCache:
+        """The batch's cache moved into the static storage: this sampler's, once no batch holds rows in it (else a
+        store of its own), room made for the tokens its sequences may still take."""
+        if self.store is None or self.store.rows:
+            self.store = StaticCache(self.model, self.capture)
+        columns = batch.kv_columns()
+        left = int((batch.limit - batch.length).max()) if batch.size else 0
+        return self.store.load(batch.cache, batch.size, columns, columns + left + 1)
+
+    def release(self) -> None:
+        """Drop the static storage and its graphs (the decoder is closed)."""
+        self.store = None
 
     def _sample_into(self, batch: Batch, logits: torch.Tensor) -> None:
         """Sample each sequence's next token from `logits` [B, V] (warped), and record its log-probability under the

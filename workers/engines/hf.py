@@ -1,7 +1,8 @@
 """The hf engine (models.engine: hf): Winnow's own engine on transformers.
 
-`HfEngine` loads the target (and the draft, where the method or its sampler needs one) on the actor's device and
-reads the memory a batch may take (`kv_space`). `MemoryModel` says what a prompt's sequences may take at their
+`HfEngine` loads the target (and the draft, where the method or its sampler needs one) on the actor's device, reads
+the memory a batch may take (`kv_space`) and resolves how the target's decoding step runs (`decode_step`: static
+shapes, captured in CUDA graphs on a GPU, or dynamic). `MemoryModel` says what a prompt's sequences may take at their
 peak: one rule, which a decoder holds as its own and the engine uses to chunk prompts. `HfDecoder` is a candidate
 pool's decoder on the loaded models (`workers.pool.decoder.Decoder`): one `Batch` decoded by the target sampler or
 the speculative sampler (`workers.decoding`), prompts joining it as memory frees, rejected sequences dropped by
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 import torch
@@ -30,6 +31,7 @@ from workers.decoding.batch import Batch, Prefilled
 from workers.decoding.kvcache import context_length, model_kv_bytes, storage_columns
 from workers.decoding.shared_prefix import shares_exactly, worth_sharing
 from workers.decoding.speculative import SpeculativeSampler
+from workers.decoding.static_step import steps_exactly
 from workers.decoding.target import TargetSampler
 from workers.pool.decoder import Key, Seq, StepOutput
 from workers.scoring.protocol import Scorer
@@ -88,13 +90,16 @@ class MemoryModel:
     `kv_bytes_per_token`: the KV cache of one token of one sequence, of every model that keeps one (the target, and
     the draft where it decodes beside it); `shares`: a prompt's cache may be held once for its candidates (a
     candidate pool's target sampler, where the target shares exactly and it is worth it); `reward_kv_bytes_per_token`:
-    what a reward session keeps per token of a running candidate between decisions (Speculative Rejection's)."""
+    what a reward session keeps per token of a running candidate between decisions (Speculative Rejection's);
+    `static`: the decoding step runs in static shapes, whose storage holds up to an eighth more rows than run
+    (`workers.decoding.static_step.row_bucket`)."""
 
     target: torch.nn.Module
     kv_bytes_per_token: int
     vocab: int
     shares: bool
     reward_kv_bytes_per_token: int = 0
+    static: bool = False
 
     @classmethod
     def of(cls, target: torch.nn.Module, draft: torch.nn.Module | None, params: MethodParams,
@@ -117,10 +122,24 @@ class MemoryModel:
         shared = self.shares and worth_sharing(len(prompt.ids), rows, self.kv_bytes_per_token, device) and \
             shares_exactly(self.target)
         need = batch_memory_need(rows, len(prompt.ids), new, self.kv_bytes_per_token, self.vocab, shared)
+        if self.static:
+            need += need // 8  # the bucket's padding rows
         if self.reward_kv_bytes_per_token:
             # the reward session keeps each running candidate's reward-model cache from one decision to the next
             need += rows * storage_columns(len(prompt.ids) + new) * self.reward_kv_bytes_per_token
         return need
+
+
+def decode_step(setting: str, device: torch.device, target: torch.nn.Module | None = None) -> str:
+    """How the target's decoding step runs (models.decode_step): 'static' (captured in CUDA graphs on a CUDA
+    device) or 'dynamic'. With `target` given, a 'static' that the model cannot run (`steps_exactly`) raises
+    ValueError."""
+    if setting not in ("static", "dynamic"):
+        raise ValueError(f"models.decode_step: {setting!r} is not one of static, dynamic")
+    if setting == "static" and target is not None and not steps_exactly(target):
+        raise ValueError("models.decode_step: 'static', but this target's step in static shapes does not give its "
+                         "own logits (it needs sdpa attention and plain full-attention layers); use 'dynamic'")
+    return setting
 
 
 def start_thread(fn: Callable[[], None]) -> None:
@@ -146,6 +165,7 @@ class HfEngine:
         self.eos_ids = eos_token_ids(getattr(self.target, "generation_config", None), self.tokenizer)
         self.pad_id = pad_token_id(self.tokenizer, self.eos_ids)
         self.context_length = context_length(self.target.config)
+        self.decode_step = decode_step(m.decode_step, self.device, self.target)
 
     # -- memory ------------------------------------------------------------------------------------------------------
     def kv_space(self) -> int:
@@ -214,8 +234,9 @@ class HfEngine:
     def decoder(self, ctx: Context, params: MethodParams) -> "HfDecoder":
         """A candidate pool's decoder for a method's parameters, on the context's models, with the context's KV
         space and width (`Runner.context_for`: this engine's KV space read when the context was made, and
-        models.max_num_seqs): what `workers.methods.run_method` builds from the same context."""
-        return HfDecoder(ctx, params)
+        models.max_num_seqs), its target's step as models.decode_step says: what `workers.methods.run_method` builds
+        from the same context (with the device's default step)."""
+        return HfDecoder(ctx, params, self.decode_step)
 
     def synchronize(self) -> None:
         if self.device.type == "cuda":
@@ -241,10 +262,11 @@ class HfDecoder:
     AHEAD_FRACTION = 1 / 16  # of the KV space, the most the prompts prefilled ahead hold
     AHEAD_TOKENS = 8192  # prompts x longest prompt, the most one prefill forward feeds beyond the prompts starting
 
-    def __init__(self, ctx: Context, params: MethodParams):
+    def __init__(self, ctx: Context, params: MethodParams, step: str = "auto"):
         """The decoder of a pool method's parameters (`params.candidates()` per prompt) on `ctx`'s models, its KV
         space `ctx.kv_space` (None: the device's free memory, read when asked) and its width `ctx.width` (None: no
-        bound beyond the space)."""
+        bound beyond the space); `step`: how the target sampler's step runs (`decode_step`; the speculative sampler's
+        is dynamic)."""
         self.ctx, self.n, self.space = ctx, params.candidates(), ctx.kv_space
         self.width = ctx.width if ctx.width is not None else 2**62
         self.device = next(ctx.target.parameters()).device
@@ -255,9 +277,12 @@ class HfDecoder:
                                               ctx.warp, ctx.seed)
             draft = ctx.draft
         else:
-            self.sampler = TargetSampler(ctx.target, ctx.pad_id, ctx.eos_ids, ctx.warp, ctx.seed)
+            self.sampler = TargetSampler(ctx.target, ctx.pad_id, ctx.eos_ids, ctx.warp, ctx.seed,
+                                         decode_step(step, self.device))
             draft = None
         self.memory = MemoryModel.of(ctx.target, draft, params, ctx.reward)
+        if isinstance(self.sampler, TargetSampler) and self.sampler.static:
+            self.memory = replace(self.memory, static=True)
         self.joins = self.sampler.admits
         self.ahead = isinstance(self.sampler, TargetSampler)  # whether prompts are prefilled before they start
         self.queue: list[tuple[int, PromptInput]] = []  # the prompts that wait, in the order they will start
@@ -420,6 +445,8 @@ class HfDecoder:
 
     def close(self) -> None:
         self.batch = self.ready = None
+        if isinstance(self.sampler, TargetSampler):
+            self.sampler.release()
         self.ready_from = 0
         self.prompts.clear()
         self.queue.clear()

@@ -10,6 +10,14 @@ candidates do not depend on what it was batched with, and index i of a prompt eq
 so its tokens stop at the decision token and its KV blocks are freed. The engine core runs in this process
 (VLLM_ENABLE_V1_MULTIPROCESSING=0): a core in its own process runs ahead of the decisions.
 
+A prompt's candidates enter vLLM in one step, or wait together. vLLM's scheduler has a token budget per step
+(max_num_batched_tokens) and, without chunked prefill, leaves a request that does not fit for a later step: the
+candidates of a prompt that straddled the budget would be a token apart, and decisions read their lengths. So the
+decoder adds a prompt's requests only when the step's budget holds all their first-step tokens (`first_step_tokens`,
+beside a token for each request already running); a prompt that does not fit waits, whole, and the prompts started
+after it wait behind it. A waiting prompt's candidates run with no tokens. The engine's budget is raised at build so
+that any prompt's candidates fit in a step alone (`step_token_budget`).
+
 The pool itself (admission, schedules, scoring, the cut, results, cost) is `workers.pool`, the same as on the hf
 engine; the reward is scored where models.reward.engine says. What vLLM adds is bookkeeping: request ids, outputs,
 aborts, and the engine's KV blocks, which bound what the pool starts.
@@ -55,6 +63,7 @@ log = logging.getLogger(__name__)
 CPU_KV_CACHE_MB = 1024  # the CPU engine's KV cache when models.kv_cache_mb is null
 VLLM_GPU_UTILIZATION = 0.9  # vLLM's own default share of a GPU, split among the actors that share one
 SEED_MODULUS = 2**31 - 2**17  # candidate seeds stay in int32 for every n up to 65536
+VLLM_STEP_TOKENS = 2048  # vLLM's own token budget per step for an LLMEngine (SchedulerConfig's default)
 
 
 def candidate_seed(seed: int, key: int, index: int) -> int:
@@ -63,6 +72,32 @@ def candidate_seed(seed: int, key: int, index: int) -> int:
     the children of an n > 1 request."""
     base = (key ^ (seed * 0x9E3779B97F4A7C15)) % SEED_MODULUS
     return base + index
+
+
+def first_step_tokens(prompt_tokens: int, rows: int, block: int) -> int:
+    """The most tokens vLLM computes at the first step of `rows` requests of one prompt that enter in one step: the
+    first computes the prompt, each other one what the prefix cache does not serve, the tail after the prompt's last
+    full block (a request computes its last token at least). vLLM caches a block when it schedules it, so the first
+    request's blocks serve the others within the step (tests/test_vllm.py checks the counts)."""
+    if rows <= 0:
+        return 0
+    tail = prompt_tokens - (prompt_tokens - 1) // block * block
+    return prompt_tokens + (rows - 1) * tail
+
+
+def step_token_budget(context: int | None, n: int, width: int) -> int | None:
+    """The engine's token budget per step (vLLM's max_num_batched_tokens): room for the longest prompt's n
+    candidates in one step, alone. A prompt is shorter than the context, and each candidate after the first
+    computes at most a block (of 32 tokens: the CPU's block, twice vLLM's CUDA default). At least vLLM's own
+    budget and the width (vLLM asks for one token per running request). None when the context is not known
+    (vLLM's default stands, and `VllmEngine.check` refuses a prompt that does not fit).
+
+    Memory: the budget bounds one step's activations. On a CPU vLLM asks for at least the context without chunked
+    prefill, and n - 1 blocks more is little; on a GPU vLLM's profiling run reserves activations for this many
+    tokens, out of the KV cache when models.kv_cache_mb is null."""
+    if context is None:
+        return None
+    return max(VLLM_STEP_TOKENS, width, context + (n - 1) * CPU_BLOCK_SIZE)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -120,7 +155,10 @@ class VllmEngine:
         cache = self.llm.vllm_config.cache_config
         self.block_size = int(cache.block_size)
         self.num_blocks = int(cache.num_gpu_blocks)
-        self.max_num_seqs = int(self.llm.vllm_config.scheduler_config.max_num_seqs)
+        scheduler = self.llm.vllm_config.scheduler_config
+        self.max_num_seqs = int(scheduler.max_num_seqs)
+        budgets = (scheduler.max_num_batched_tokens, getattr(scheduler, "max_num_scheduled_tokens", None))
+        self.step_tokens = min(int(b) for b in budgets if b is not None)  # the scheduler's token budget per step
 
     def serve(self, fn: Callable[[], None]) -> None:
         """Run a decoding loop's function in the engine's thread."""
@@ -130,13 +168,15 @@ class VllmEngine:
         """The vLLM engine (in the thread that will step it)."""
         m = self.config.models
         cpu = self.device.type != "cuda"
+        n = self.config.method.candidates()
         kw = dict(
             model=str(self.path), tokenizer=str(self.path), dtype=str(self.dtype).removeprefix("torch."),
             seed=self.config.seed, trust_remote_code=m.trust_remote_code, enable_prefix_caching=True,
-            max_num_seqs=m.width(self.config.method.candidates()), disable_log_stats=False,
+            max_num_seqs=m.width(n), disable_log_stats=False,
         )
         if self.context_length is not None:
             kw["max_model_len"] = self.context_length
+            kw["max_num_batched_tokens"] = step_token_budget(self.context_length, n, m.width(n))
         kv_mb = m.kv_space_mb if m.kv_space_mb is not None else (CPU_KV_CACHE_MB if cpu else None)
         if kv_mb is not None:
             kw["kv_cache_memory_bytes"] = int(kv_mb * 2**20)
@@ -184,8 +224,18 @@ class VllmEngine:
         return round(self.kv_usage * (self.num_blocks - 1)), self.num_blocks
 
     def check(self, prompts: list[PromptInput], params: MethodParams, reward: Scorer | None = None) -> None:
-        """Nothing to check before a call: a prompt's candidates fit in one step by validation (method.n <=
-        models.max_num_seqs), and the pool starts no more than the KV cache holds."""
+        """Raise when a prompt's candidates cannot enter vLLM in one step alone: their first-step tokens pass the
+        engine's token budget (an engine built for a smaller method.n, or for a target whose context was not
+        known). Their places fit by validation (method.n <= models.max_num_seqs), and the pool starts no more than
+        the KV cache holds."""
+        n = params.candidates()
+        for p in prompts:
+            need = first_step_tokens(len(p.ids), n, self.block_size)
+            if need > self.step_tokens:
+                raise RuntimeError(
+                    f"prompt {p.prompt_id!r}: its {n} candidates need {need} tokens in their first step, past the "
+                    f"vLLM engine's max_num_batched_tokens ({self.step_tokens}, set when the engine was built from "
+                    "the target's context and method.n); a prompt's candidates enter vLLM in one step")
 
     def kv_space(self) -> int:
         """The engine's KV cache in bytes."""
@@ -207,7 +257,12 @@ class VllmEngine:
 
 
 class VllmDecoder:
-    """A candidate pool's sequences as requests of the vLLM engine (`workers.pool.decoder.Decoder`)."""
+    """A candidate pool's sequences as requests of the vLLM engine (`workers.pool.decoder.Decoder`).
+
+    A started prompt's candidates wait in `queued` until a step's token budget holds them all (`_enter`), in the
+    order the pool started them. A pool that decides lets them in on its scoring clock's steps only (every
+    `method.scoring_steps` steps, as the pool starts its prompts), so its prompts tick in the same steps. Until
+    then they run with no tokens: `running` and `lengths` show them at length 0, equally behind."""
 
     def __init__(self, engine: VllmEngine, ctx: Context, params: MethodParams):
         self.engine, self.llm, self.ctx = engine, engine.llm, ctx
@@ -217,8 +272,11 @@ class VllmDecoder:
         self.width, self.joins = engine.max_num_seqs, True
         self.sampling = ctx.sampling
         self.stream = params.decides()  # a pool that decides reads its running tokens at every step
+        self.every = params.scoring_clock() if self.stream else 1  # steps between the steps prompts enter at
+        self.steps = 0  # steps run (the pool's clock)
         self.prompts: dict[int, PromptInput] = {}
-        self.requests: dict[str, Key] = {}  # running request id -> its sequence
+        self.queued: dict[int, list[int]] = {}  # started prompts not in the engine yet, in order -> their candidates
+        self.requests: dict[str, Key] = {}  # request id in the engine -> its sequence
         self.tokens: dict[Key, list[int]] = {}  # every sequence's tokens so far (while it runs, with DELTA outputs)
         self.logprobs: dict[Key, float] = {}  # and their log-probabilities under the target (vLLM's cumulative_logprob)
         self.counted: dict[Key, int] = {}  # target tokens counted for a running sequence, step by step
@@ -259,25 +317,52 @@ class VllmDecoder:
         )
 
     def wait(self, groups: list[int], prompts: list[PromptInput]) -> None:
-        """Nothing ahead: a prompt's prefill rides inside the step after its start."""
+        """Nothing ahead: a prompt's prefill rides inside the step its requests enter at (`_enter`)."""
 
     def waiting_bytes(self) -> int:
         return 0
 
     def start(self, groups: list[int], prompts: list[PromptInput]) -> StepOutput:
-        """Add every candidate's request; nothing runs until the next step (its prefill rides inside it)."""
+        """Queue every candidate of the prompts, with no tokens yet; their requests enter vLLM at a step whose token
+        budget holds them (`_enter`), their prefill inside it."""
         for g, p in zip(groups, prompts):
             self.prompts[g] = p
+            self.queued[g] = list(range(self.n))
             for c in range(self.n):
+                self.tokens[(g, c)], self.logprobs[(g, c)] = [], 0.0
+        return StepOutput([], Work())
+
+    def _enter(self) -> None:
+        """Add the queued prompts' requests, in order, while this step's token budget holds all of a prompt's
+        first-step tokens (`first_step_tokens`) beside a token for each request in the engine: each prompt's
+        candidates are scheduled in this step, none left for a later one. Only on the scoring clock's steps."""
+        if not self.queued or self.steps % self.every:
+            return
+        engine, block = self.engine, self.engine.block_size
+        inside = self.llm.get_num_unfinished_requests()
+        free = engine.step_tokens - inside
+        for g in list(self.queued):
+            p, cands = self.prompts[g], self.queued[g]
+            need = first_step_tokens(len(p.ids), len(cands), block)
+            if need > free:
+                if not inside:  # VllmEngine.check refuses such a prompt before its call
+                    raise RuntimeError(f"prompt {p.prompt_id!r}: its candidates need {need} tokens in their first "
+                                       f"step, past vLLM's max_num_batched_tokens ({engine.step_tokens})")
+                break
+            for c in cands:
                 key = (g, c)
                 rid = self.rid(key)
                 self.requests[rid] = key
-                self.tokens[key], self.logprobs[key], self.counted[key], self.exact[key] = [], 0.0, 0, 0
+                self.counted[key], self.exact[key] = 0, 0
                 self.llm.add_request(rid, {"prompt_token_ids": list(p.ids)}, self.params(p, c))
-        return StepOutput([], Work())
+            del self.queued[g]
+            free -= need
+            inside += len(cands)
 
     def step(self) -> StepOutput:
         work = Work()
+        self._enter()
+        self.steps += 1
         if not self.llm.has_unfinished_requests():
             return StepOutput([], work)
         live = list(self.requests.values())
@@ -312,21 +397,32 @@ class VllmDecoder:
         work.settle("target", key[0], self.exact.pop(key) - self.counted.pop(key))
         self.stepped.discard(key)
 
+    def _running(self) -> list[Key]:
+        """Every running sequence's key, in the engine or queued."""
+        return [*self.requests.values(), *((g, c) for g, cands in self.queued.items() for c in cands)]
+
     def running(self) -> list[Seq]:
-        return [Seq(k, list(self.tokens[k]), self.logprobs[k]) for k in sorted(self.requests.values())]
+        return [Seq(k, list(self.tokens[k]), self.logprobs[k]) for k in sorted(self._running())]
 
     def lengths(self) -> dict[int, list[int]]:
         out: dict[int, list[int]] = {}
-        for key in self.requests.values():
+        for key in self._running():
             out.setdefault(key[0], []).append(len(self.tokens[key]))
         return out
 
     def drop(self, keys: Sequence[Key]) -> Work:
+        """Abort the requests of `keys` in the engine; take the queued ones off the queue (nothing ran for them)."""
         work = Work()
-        if keys:
-            self.llm.abort_request([self.rid(k) for k in keys])
-            for k in keys:
+        inside = [k for k in keys if self.rid(k) in self.requests]
+        if inside:
+            self.llm.abort_request([self.rid(k) for k in inside])
+            for k in inside:
                 self._leave(k, work)
+        for g, c in keys:
+            if g in self.queued and c in self.queued[g]:
+                self.queued[g].remove(c)
+                if not self.queued[g]:
+                    del self.queued[g]
         return work
 
     def kv_space(self) -> int:
@@ -350,3 +446,4 @@ class VllmDecoder:
         if self.requests:
             self.llm.abort_request(list(self.requests))
         self.requests.clear()
+        self.queued.clear()

@@ -51,6 +51,8 @@ class PromptState:
     verdicts: dict = field(default_factory=dict)  # cand -> the verifier's future verdict, for its finished candidates
     counting: list[tuple[int, int]] = field(default_factory=list)  # (step, cand): verdicts the stop rule counts then
     verified: int = 0  # candidates the stop rule has counted as verified
+    tick: int = 0  # its own clock: its longest running response // the pool's `every`, at its last tick
+    ended_at: int = 0  # the pool's clock when its last candidate ended
 
     @property
     def ended(self) -> bool:
@@ -75,11 +77,14 @@ class Pool:
     while it decodes. `n` candidates per prompt, rejection quantile `alpha`, decision schedule `schedule`."""
 
     def __init__(self, ctx: Context, decoder: Decoder, n: int, alpha: float = 0.0, schedule: NoDecisions | None = None,
-                 space: int | None = None, stop: tuple[int, int] | None = None):
+                 space: int | None = None, stop: tuple[int, int] | None = None, every: int = 1):
         """`space`: the bytes the running prompts may hold in all (default: the decoder's KV space). `stop`: (k, lag)
         of the stop rule (a prompt stops once k of its candidates verified, a verdict counting `lag` steps after its
-        candidate ended: `MethodParams.stop_rule`), or None."""
+        candidate ended: `MethodParams.stop_rule`), or None. `every`: the steps of the scoring clock (module
+        docstring: a common clock)."""
         self.ctx, self.decoder, self.n, self.alpha, self.stop = ctx, decoder, n, alpha, stop
+        self.every = every
+        self.clock = 0  # decoding steps the pool has run
         self.schedule = schedule if schedule is not None else NoDecisions()
         self.space = space if space is not None else decoder.kv_space()
         self.prompts: dict[int, PromptState] = {}  # by group
@@ -94,7 +99,7 @@ class Pool:
         """The pool of a pool method's parameters (schemas.methods: n, alpha and the schedule of Speculative
         Rejection; one candidate for the single-response methods), with the KV space the method gives it."""
         return cls(ctx, decoder, params.candidates(), params.alpha_(), schedule_for(params, decoder),
-                   pool_space(params, decoder.kv_space()), params.stop_rule())
+                   pool_space(params, decoder.kv_space()), params.stop_rule(), params.scoring_clock())
 
     # -- prompts in and out ----------------------------------------------------------------------------------------
     def add(self, prompts: list[PromptInput]) -> list[int]:
@@ -126,9 +131,13 @@ class Pool:
         work = Work()
         self._harvest(self.ended_seqs)
         self.ended_seqs = []
-        self._round({g: s.prompt for g, s in self.prompts.items() if s.started}, work)
+        if not self.live:  # nothing decodes, so the clock would not move: it moves to its next tick
+            self.clock = -(-self.clock // self.every) * self.every
+        on_clock = self.clock % self.every == 0
+        self._round({g: s.prompt for g, s in self.prompts.items() if s.started}, work, on_clock)
         self._stop_verified(work)
-        started, out = self._admit()
+        # prompts that decide start on the clock, so that they all tick in the same steps (`_round`)
+        started, out = self._admit() if on_clock or not self.schedule.decides else ([], StepOutput([], Work()))
         work.add(out.work)
         if started:
             self._harvest(out.finished)  # a fresh candidate's first token may already end it
@@ -141,19 +150,40 @@ class Pool:
         out = self.decoder.step()
         work.add(out.work)
         self.ended_seqs = out.finished
+        self.clock += 1
         for g, _ in running:
             self.prompts[g].steps += 1
         return Turn(True, work)
 
-    def _round(self, prompts: dict[int, PromptInput], work: Work) -> None:
-        """A rejection round for the prompts among `prompts` that the schedule calls one for. Its scoring call also
-        gives the final rewards of the prompts among `prompts` whose every candidate has ended (`ended` would
-        otherwise score them in a call of their own): one reward forward for both where a forward costs the same
-        at any width."""
-        due = self.schedule.due(self.decoder, prompts) if self.live else set()
-        if due:
-            done = {g for g in prompts if g not in due and self.prompts[g].ended and self.prompts[g].unscored}
+    def _round(self, prompts: dict[int, PromptInput], work: Work, on_clock: bool = True) -> None:
+        """A rejection round for the prompts among `prompts` that tick (`_ticking`) and that the schedule calls one
+        for. Its scoring call also gives the final rewards of the prompts among `prompts` whose every candidate has
+        ended (`ended` would otherwise score them in a call of their own): one reward forward for both where a
+        forward costs the same at any width. On a clock (`every` > 1) those final rewards wait for a decision to
+        ride on, or, after `every` steps (at once for a pool that never decides), for the pool's tick
+        (`on_clock`)."""
+        due = self.schedule.due(self.decoder, self._ticking(prompts), self.every) if self.live else set()
+        done = {g for g in prompts if g not in due and self.prompts[g].ended and self.prompts[g].unscored}
+        if not due and self.every > 1:  # on a clock: the ended prompts wait for a decision to ride on, or a tick
+            waited = lambda g: not self.schedule.decides or self.clock - self.prompts[g].ended_at >= self.every
+            done = {g for g in done if on_clock and waited(g)}
+        if due or done:
             self.schedule.rejected(self._decide(due | done, work))
+
+    def _ticking(self, prompts: dict[int, PromptInput]) -> dict[int, PromptInput]:
+        """The prompts among `prompts` whose own clock ticks now: their longest running response has reached a new
+        multiple of `every` tokens. A prompt's ticks are a function of its own tokens, whatever prompts share the
+        decoder; prompts that start on the pool's clock tick in the same steps, so their decisions share forwards."""
+        if self.every == 1:
+            return prompts
+        out = {}
+        for g, lengths in self.decoder.lengths().items():
+            if g in prompts:
+                tick = max(lengths) // self.every
+                if tick > self.prompts[g].tick:
+                    self.prompts[g].tick = tick
+                    out[g] = prompts[g]
+        return out
 
     def _hold(self, state: PromptState, rows: int) -> int:
         """The bytes a prompt's `rows` running sequences may take (`Decoder.need`), within its schedule's KV space."""
@@ -202,6 +232,7 @@ class Pool:
             cand = state.candidates[c] = Candidate(tokens, self.ctx.finish_reason(tokens), logprob=logprob)
             state.unscored.append(c)
             self.live -= 1
+            state.ended_at = self.clock
             if verifier is not None:
                 cand.text = self.ctx.decode(tokens)
                 state.verdicts[c] = verifier.submit(cand.text, state.prompt.columns or {}, state.prompt.messages)
@@ -283,6 +314,7 @@ class Pool:
         rejected candidate and leaves the decoder (the counts it settles for them go to `work`)."""
         for (g, c), tokens, logprob in seqs:
             self.prompts[g].candidates[c] = Candidate(tokens, "rejected", logprob=logprob)
+            self.prompts[g].ended_at = self.clock
         work.add(self.decoder.drop([s.key for s in seqs]))
         self.live -= len(seqs)
 
@@ -293,9 +325,11 @@ class Pool:
         scoring ran. Verdicts not in yet are waited for only when nothing else runs or waits; a prompt leaves the pool
         when its last one is in, which changes nothing of the others' decoding."""
         work = Work()
+        idle = not self.live and not self.waiting
         ended = [g for g in sorted(groups) if self.prompts[g].ended]
+        if self.every > 1 and not idle:  # their final scoring rides on the clock's next tick (`_round`)
+            ended = [g for g in ended if not self.prompts[g].unscored]
         if self.ctx.verifier is not None:
-            idle = not self.live and not self.waiting
             for g in ended:
                 if idle:
                     for v in self.prompts[g].verdicts.values():

@@ -34,13 +34,16 @@ from workers.pool.decoder import Decoder
 class NoDecisions:
     """Best-of-N (and the single-response pools): never decide."""
 
+    decides = False
+
     def kv_tokens(self, prompt: PromptInput) -> int | None:
         """The most KV tokens the schedule lets a prompt's sequences hold (its KV space), or None (full length)."""
         return None
 
-    def due(self, decoder: Decoder, prompts: Mapping[int, PromptInput]) -> set[int]:
+    def due(self, decoder: Decoder, prompts: Mapping[int, PromptInput], every: int = 1) -> set[int]:
         """The prompts among `prompts` (group -> prompt) due for a rejection round now, from their running
-        sequences on `decoder` (a schedule's clock moves only for the prompts it is asked about)."""
+        sequences on `decoder` (a schedule's clock moves only for the prompts it is asked about), asked every
+        `every` steps (the pool's scoring clock)."""
         return set()
 
     def rejected(self, counts: Mapping[int, int]) -> None:
@@ -56,11 +59,13 @@ class NoDecisions:
 class FixedSchedule(NoDecisions):
     """A decision each time a prompt's longest running response reaches a multiple of k tokens."""
 
+    decides = True
+
     def __init__(self, k: int):
         self.k = k
         self.last: dict[int, int] = defaultdict(int)  # group -> its longest response at its last decision
 
-    def due(self, decoder: Decoder, prompts: Mapping[int, PromptInput]) -> set[int]:
+    def due(self, decoder: Decoder, prompts: Mapping[int, PromptInput], every: int = 1) -> set[int]:
         out = set()
         for g, lengths in decoder.lengths().items():
             if g not in prompts:
@@ -91,6 +96,8 @@ class MemorySchedule(NoDecisions):
     token.
     """
 
+    decides = True
+
     def __init__(self, candidates: int, kv_bytes_per_token: int, pool_space: int):
         self.candidates, self.kv, self.pool_space = candidates, kv_bytes_per_token, pool_space
         self.armed: dict[int, bool] = {}
@@ -102,16 +109,16 @@ class MemorySchedule(NoDecisions):
     def kv_tokens(self, prompt: PromptInput) -> int:
         return len(prompt.ids) + self.candidates * prompt.limit
 
-    def due(self, decoder: Decoder, prompts: Mapping[int, PromptInput]) -> set[int]:
+    def due(self, decoder: Decoder, prompts: Mapping[int, PromptInput], every: int = 1) -> set[int]:
         out = set()
         for g, lengths in decoder.lengths().items():
             prompt = prompts.get(g)
             if prompt is None:
                 continue
-            held = (len(prompt.ids) + sum(lengths) + len(lengths)) * self.kv  # after the next token
+            held = (len(prompt.ids) + sum(lengths) + every * len(lengths)) * self.kv  # by the prompt's next tick
             if held <= self.space(prompt):
                 self.armed[g] = True
-            elif self.armed.get(g, True):
+            elif self.armed.get(g, True) or every > 1:  # on a clock, every tick over the space is a decision
                 self.armed[g] = False
                 out.add(g)
         return out

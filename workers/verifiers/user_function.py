@@ -58,6 +58,22 @@ def rows_problem(fn: Callable, path: str, field: str, columns: list[str]) -> str
     return None
 
 
+def _in_daemon_thread(fn, *args) -> Future:
+    """`fn(*args)` in a thread of its own whose result is the future's. A daemon thread: a call that hangs past its
+    time limit cannot be stopped, and must not hold the process at exit as an executor's thread would."""
+    future: Future = Future()
+
+    def call():
+        if future.set_running_or_notify_cancel():
+            try:
+                future.set_result(fn(*args))
+            except BaseException as err:
+                future.set_exception(err)
+
+    threading.Thread(target=call, name="winnow-user-function", daemon=True).start()
+    return future
+
+
 class UserFunction:
     """`path`'s function, called with prompts, texts and (where it takes them) rows, within `timeout_s` per call.
     `field`: the config field that names it (models.reward.function, models.verifier.function), for messages."""
@@ -71,14 +87,13 @@ class UserFunction:
         self.with_rows = takes_rows(self.fn)
         self.where = f"{field}: {path}"
         self._lock = threading.Lock()
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix="winnow-user-function")
 
     def __call__(self, prompts: list, texts: list[str], rows: list[dict], noun: str = "values") -> list:
         """The function's values for `texts`, as a list of len(texts); RuntimeError naming the function when it
         raises, hangs past `timeout_s`, is asynchronous, or returns the wrong number of values."""
         args = (prompts, texts, rows) if self.with_rows else (prompts, texts)
-        with self._lock:  # one call at a time: a call that timed out keeps the thread, and the run fails with it
-            future = self._thread.submit(self.fn, *args)
+        with self._lock:  # one call at a time; a call that timed out fails the run
+            future = _in_daemon_thread(self.fn, *args)
             try:
                 values = future.result(timeout=self.timeout_s)
             except FutureTimeout:
