@@ -216,8 +216,10 @@ def gpu_check() -> str:
     """bench.gpu_check: the hf engine (static and dynamic step) against generate(), and SR against Best-of-n, on one
     device, with the device, versions and anything the budget skipped."""
     f = load("gpu-check")
-    where = f["device"] if f["mode"] == "gpu" else \
-        "cpu (`--cpu`: the script's own check at tiny sizes, not a GPU's figures)"
+    if f["mode"] != "gpu":  # the script's own check at tiny sizes: it ran, and its figures are no GPU's
+        return (f"No GPU figures yet: the JSON holds the `--cpu` check ({f['device']}, {f['dtype']}, torch "
+                f"{f['torch']}), which shows only that the script runs.\n")
+    where = f["device"]
     rows = []
     for e in f["versus_generate"]:
         for r in e["runs"]:

@@ -262,3 +262,18 @@ def test_unknown_context_length_warns_once_and_skips_only_that_check(monkeypatch
     assert [p.prompt_id for _, p in ready] == ["long"] and ready[0][1].limit == 12
     assert len(ready[0][1].ids) > 3000
     assert list(errors) == [1] and "empty prompt" in errors[1]["error"]  # the other checks still apply
+
+
+def test_on_a_scoring_clock_decisions_come_on_its_ticks_and_share_reward_forwards(items):
+    """method.scoring_steps = 4: every decision at a multiple of 4 tokens of its prompt's own responses, and the
+    prompts' decisions and final scorings share forwards, so the reward model runs fewer than at every step."""
+    forwards, decisions = {}, {}
+    for every in (1, 4):
+        method = {"name": "speculative_rejection", "n": 16, "alpha": 0.5, "scoring_steps": every}
+        _, results, meter = run_trio(method, items)
+        decisions[every] = [d for r in results for d in r.stats["decision_tokens"]]
+        forwards[every] = float(meter.reward_steps.sum())  # each forward's share sums to 1 over its prompts
+    assert decisions[4] and decisions[1], "no prompt decided: the test proves nothing"
+    assert all(d % 4 == 0 for d in decisions[4]), decisions[4]
+    assert any(d % 4 for d in decisions[1])  # without the clock, decisions fall where each prompt's memory says
+    assert forwards[4] < forwards[1], forwards

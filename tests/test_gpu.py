@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.gpu,
 
 
 def _runner(dtype: str, **over) -> Runner:
-    return Runner(config(models={"dtype": dtype}, resources={"gpus_per_actor": 1}, **over))
+    return Runner(config(**{"models": {"dtype": dtype}, "resources": {"gpus_per_actor": 1}, **over}))
 
 
 def test_free_memory_is_the_devices_and_the_memory_schedule_uses_it():
@@ -98,8 +98,8 @@ def _static_run(runner: Runner, capture: bool, step: str = "static") -> tuple[li
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_the_static_step_is_captured_and_replays_the_eager_static_steps_tokens(dtype):
-    runner = _runner(dtype)
-    assert runner.engine.decode_step == "static"  # 'auto' on a GPU
+    runner = _runner(dtype, models={"dtype": dtype, "decode_step": "static"})
+    assert runner.engine.decode_step == "static"
     captured, graphs = _static_run(runner, capture=True)
     eager, none = _static_run(runner, capture=False)
     assert graphs >= 2 and none == 0  # the rows changed bucket at the compaction and the join

@@ -33,8 +33,10 @@ def test_the_check_runs_every_part_on_the_cpu_and_its_table_renders(tmp_path, ca
     printed = capsys.readouterr().out
     assert "engine vs generate()" in printed and "Speculative Rejection (alpha 0.5) vs Best-of-n" in printed
     monkeypatch.setattr(figures, "FIGURES", tmp_path)
+    assert figures.gpu_check().startswith("No GPU figures yet: the JSON holds the `--cpu` check (cpu, float32")
+    out.write_text(json.dumps({**f, "mode": "gpu", "device": "a test's device"}))  # the table a GPU run renders
     table = figures.gpu_check()
-    assert table.startswith("cpu (`--cpu`")
+    assert table.startswith("a test's device")
     assert table.count("| SmolLM2-135M part, a tiny shape | N = ") == 4 and "| tiny trio | n = 8 | SR, alpha 0.5 |" in table
 
 

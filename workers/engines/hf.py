@@ -262,7 +262,7 @@ class HfDecoder:
     AHEAD_FRACTION = 1 / 16  # of the KV space, the most the prompts prefilled ahead hold
     AHEAD_TOKENS = 8192  # prompts x longest prompt, the most one prefill forward feeds beyond the prompts starting
 
-    def __init__(self, ctx: Context, params: MethodParams, step: str = "auto"):
+    def __init__(self, ctx: Context, params: MethodParams, step: str = "dynamic"):
         """The decoder of a pool method's parameters (`params.candidates()` per prompt) on `ctx`'s models, its KV
         space `ctx.kv_space` (None: the device's free memory, read when asked) and its width `ctx.width` (None: no
         bound beyond the space); `step`: how the target sampler's step runs (`decode_step`; the speculative sampler's
