@@ -186,6 +186,9 @@ class Case:
         steps = sum(row["stats"]["decoding_steps"] for row in rows)
         reward_forwards = round(sum(row["stats"].get("reward_steps") or 0.0 for row in rows))
         seq_steps = sum(row["stats"]["sequence_steps"] for row in rows)
+        # prompt scorings by the reward model's forwards (as the manifest counts them): decisions, and each last
+        scorings = sum((row["stats"].get("rejection_rounds") or 0) + 1 for row in rows
+                       if row["stats"].get("reward_steps"))
         flops = {r: 2.0 * self.parameters.get(r, 0) * tokens[r] for r in ROLES}
         return {
             "mean_best_reward": sum(r["best_reward"] for r in rows) / len(rows),
@@ -194,6 +197,7 @@ class Case:
             "reward_prompt_tokens": self.prompt_tokens,
             "reward_beyond_prompts_per_generated": (tokens["reward"] - self.prompt_tokens) / generated,
             "decoding_steps": steps, "mean_width": seq_steps / steps, "reward_forwards": reward_forwards,
+            "reward_forwards_per_scoring": reward_forwards / scorings if scorings else None,
             "target_gflop": flops["target"] / 1e9, "reward_gflop": flops["reward"] / 1e9,
             "gflop": sum(flops.values()) / 1e9,
         }
@@ -207,20 +211,22 @@ def run_side(runner, items: list[dict]) -> tuple[list[dict], float, float]:
 
 def bench_case(case: Case, engine: str, n: int, width: int, repeats: int, tmp: str,
                kv_cache_mb: float | None = None, gpus: float = 0, dtype: str = "auto",
-               switches: dict | None = None) -> dict:
-    """Best-of-N at n / 4, n / 2 and n and Speculative Rejection's minimal config at n, on one engine and width, the
-    reward model built with the sessions' `switches`."""
+               switches: dict | None = None, scoring_steps: int | None = None) -> dict:
+    """Best-of-N at n / 4, n / 2 and n and Speculative Rejection's minimal config at n (its `scoring_steps` where
+    given), on one engine and width, the reward model built with the sessions' `switches`."""
     from workers.actor.runner import Runner
 
     sides = {f"BoN-{k}": {"name": "best_of_n", "n": k} for k in sorted({max(1, n // 4), max(1, n // 2), n})}
-    sides[f"SR-{n}"] = {"name": "speculative_rejection", "n": n, "alpha": 0.5}
+    sides[f"SR-{n}"] = {"name": "speculative_rejection", "n": n, "alpha": 0.5,
+                        **({"scoring_steps": scoring_steps} if scoring_steps is not None else {})}
     first = None
-    runners = {}
-    for name, method in sides.items():
+    built = {}
+    # the engine the sides share is built for the largest n (vLLM's step token budget holds a prompt's candidates)
+    for name, method in sorted(sides.items(), key=lambda side: -side[1]["n"]):
         config = case.config(method, engine, width, str(Path(tmp) / "run"), kv_cache_mb, gpus, dtype)
-        runners[name] = Runner(config, share=first) if first is not None else Runner(config,
-                                                                                      reward_switches=switches)
-        first = first or runners[name]
+        built[name] = Runner(config, share=first) if first is not None else Runner(config, reward_switches=switches)
+        first = first or built[name]
+    runners = {name: built[name] for name in sides}  # run in the sides' order
     out: dict[str, dict] = {}
     rows_of: dict[str, list[dict]] = {}
     for _ in range(repeats):  # the sides alternate, so that the machine's load falls on all of them
@@ -373,6 +379,8 @@ def main(argv: list[str] | None = None) -> int:
                          "every decision scores its candidates whole (workers.scoring.reward_model.RewardModelScorer's "
                          "incremental_sessions), the side a session is measured against; ab: Speculative Rejection "
                          "alone, the two alternating --repeats times on one engine (`sessions_ab`)")
+    ap.add_argument("--scoring-steps", type=int, default=None,
+                    help="Speculative Rejection's method.scoring_steps (default: its config's default)")
     ap.add_argument("--json", help="also write every figure to this file (its cases are added to those it holds)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -413,17 +421,18 @@ def run_cases(args: argparse.Namespace) -> int:
                         out["cases"][f"{case.name}@ab {engine} n={n}"] = got
                         continue
                     got = bench_case(case, engine, n, width, args.repeats, tmp, args.kv_cache_mb, args.gpus,
-                                     args.dtype, reward_switches(args))
+                                     args.dtype, reward_switches(args), args.scoring_steps)
                     shown = {k: v for k, v in got.items() if k != "Best-of-k"}
                     print(table(f"{case.name}, engine {engine}, n = {n}, width {width}, {len(case.items)} prompts",
                                 shown, ["mean_best_reward", "decoding_steps", "mean_width", "reward_forwards",
-                                        "gflop", "reward_gflop",
+                                        "reward_forwards_per_scoring", "gflop", "reward_gflop",
                                       "reward_per_generated", "generated_tokens", "cpu_s", "wall_s", "matched_n"],
                                 first="side"), flush=True)
                     got["setup"] = {"prompts": len(case.items), "width": width, "new_tokens": case.max_new_tokens,
                                     "repeats": args.repeats, "load": os.getloadavg(), "gpus": args.gpus,
                                     "dtype": args.dtype, "device": device, "reward_levels": args.reward_levels,
-                                    "reward_prefix": args.reward_prefix, "reward_session": args.reward_session}
+                                    "reward_prefix": args.reward_prefix, "reward_session": args.reward_session,
+                                    "scoring_steps": args.scoring_steps}
                     name = case.name if args.reward_session == "cached" else f"{case.name}@whole"
                     out["cases"][f"{name} {engine} n={n}"] = got
     out["load_after"] = os.getloadavg()

@@ -182,6 +182,32 @@ def bill_gpu() -> str:
                "reward tok / gen tok"], rows)
 
 
+def bill_clock() -> str:
+    """bench.bill on the scoring clock, with the reward session as an accelerator runs it (`--reward-levels 0`): each
+    side's decoding steps and reward-model forwards, what a device bills where a forward costs about the same at any
+    width, SR against Best-of-n and against Best-of-N at the same reward, and the forwards per prompt scoring."""
+    f = load("bill-clock")
+    rows = []
+    for key, got in f["cases"].items():
+        case, engine, n = key.split(" ")
+        same, setup = got["SR / BoN at the same reward"], got["setup"]
+        sr, bon = got[f"SR-{n[2:]}"], got[f"BoN-{n[2:]}"]
+        both = [s["decoding_steps"] + s["reward_forwards"] for s in (sr, bon)]
+        # Best-of-N at SR's reward: its steps and forwards, from the ratios at the same reward
+        matched = sr["decoding_steps"] / same["decoding_steps"] + sr["reward_forwards"] / same["reward_forwards"]
+        rows.append([f"{case}, {engine}", n[2:], f"{setup['prompts']} x {setup['new_tokens']}",
+                     f"{sr['decoding_steps']:.0f} + {sr['reward_forwards']}",
+                     f"{bon['decoding_steps']:.0f} + {bon['reward_forwards']}", f"**{both[0] / both[1]:.2f}x**",
+                     f"BoN-{same['matched_n']:.0f}", f"**{both[0] / matched:.2f}x**",
+                     f"{sr['reward_forwards_per_scoring']:.2f} / {bon['reward_forwards_per_scoring']:.2f}",
+                     f"{sr['mean_best_reward']:.4f} / {bon['mean_best_reward']:.4f}"])
+    return (md(["case", "n", "prompts x new tokens", "SR: steps + reward forwards", "BoN-n: steps + reward forwards",
+                "SR / BoN-n", "SR's reward matches", "SR / BoN at the same reward",
+                "reward forwards per scoring, SR / BoN-n", "mean best reward, SR / BoN-n"], rows)
+            + f"\nWidth {f['width']}, {f['threads']} torch thread(s), CPU; the counts are the same on any device. "
+            f"Load average {f['load_before'][0]:.1f} before, {f['load_after'][0]:.1f} after.\n")
+
+
 def gpu_forwards() -> str:
     """bench.bill on a GPU at n = 32 with the reward session's tree at its default depth and cut to 1 and 0 levels:
     each side's target steps and reward forwards, what a launch-bound device bills, against reward tokens."""
@@ -298,6 +324,7 @@ RENDER: dict[str, Callable[[], str]] = {
     "gpu-check": gpu_check,
     "static-step": static_step,
     "gpu-forwards": gpu_forwards,
+    "bill-clock": bill_clock,
     "quickstart-summary": quickstart_summary,
     "quickstart-bill": quickstart_bill,
     **{f"bill-{case}": bill(case) for case in ("tiny", "smollm2", "smollm2-concepts")},

@@ -500,11 +500,16 @@ class Tally:
     decoding_steps: float = 0.0  # stats.decoding_steps summed: the decoding steps the run's actors took
     sequence_steps: int = 0  # stats.sequence_steps summed
     reward_steps: float = 0.0  # stats.reward_steps summed: the reward-model forwards the run's actors made
+    scorings: int = 0  # prompt scorings by the reward model's forwards: decisions, and each scored prompt's last
     files: list[str] = field(default_factory=list)  # the committed data files counted, in the order read
 
     def mean_width(self) -> float | None:
         """Sequences per decoding step, over the run's steps (None without steps)."""
         return self.sequence_steps / self.decoding_steps if self.decoding_steps > 0 else None
+
+    def reward_forwards_per_scoring(self) -> float | None:
+        """The reward model's forwards per prompt scoring (None without a scoring by its forwards)."""
+        return self.reward_steps / self.scorings if self.scorings else None
 
     def mean_best_reward(self) -> float | None:
         return sum(self.best_rewards) / len(self.best_rewards) if self.best_rewards else None
@@ -544,6 +549,8 @@ class Tally:
             self.decoding_steps += (s or {}).get("decoding_steps") or 0.0
             self.sequence_steps += (s or {}).get("sequence_steps") or 0
             self.reward_steps += (s or {}).get("reward_steps") or 0.0
+            if (s or {}).get("reward_steps"):  # its decisions, and the scoring of its candidates at their end
+                self.scorings += (s.get("rejection_rounds") or 0) + 1
         if "candidates" in table.column_names:  # only the finish_reason of each candidate is read, not its text
             flat = pc.list_flatten(table.column("candidates"))
             self.candidates += len(flat)

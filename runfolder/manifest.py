@@ -82,6 +82,8 @@ def counted(manifest: Manifest, config: JobConfig, t: Tally, **changes) -> Manif
                 candidates=t.candidates, rejected=t.rejected, decoding_steps=round(t.decoding_steps, 3),
                 reward_steps=round(t.reward_steps, 3),
                 mean_width=round(t.mean_width(), 3) if t.mean_width() is not None else None,
+                reward_forwards_per_scoring=round(t.reward_forwards_per_scoring(), 4)
+                if t.reward_forwards_per_scoring() is not None else None,
                 no_cut=(t.rejected == 0 and t.candidates > 0) if sr else None, **changes)
     return Manifest.model_validate(data)
 

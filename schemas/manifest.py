@@ -77,6 +77,12 @@ class Manifest(BaseModel):
         None, description="sequences per decoding step over the run (stats.sequence_steps / stats.decoding_steps, "
         "summed over rows); null without steps"
     )
+    reward_forwards_per_scoring: float | None = Field(
+        None, description="the reward model's forwards (reward_steps) per prompt scoring: each decision of a "
+        "prompt, and the scoring of its candidates at their end. Below 1 where prompts' scorings share forwards (the "
+        "scoring clock, method.scoring_steps); above 1 where one scoring takes several forwards. Null without a "
+        "reward model's forward"
+    )
     errors: int = Field(0, description="rows whose `error` is not null")
     cost: CostTotals = Field(default_factory=CostTotals)
     reward_inputs_truncated: int = Field(

@@ -100,7 +100,7 @@ STATS_FIELDS: dict[str, tuple[pa.DataType, str]] = {
     ),
     "kv_space_bytes": (pa.int64(), "the prompt's KV space under Speculative Rejection's memory schedule, in bytes "
                        "(method.memory_candidates of its candidates at full length); null for other schedules and "
-                       "methods (before this version: memory_budget_bytes)"),
+                       "methods (older runs name it memory_budget_bytes)"),
     "decoding_steps": (pa.float64(), "the prompt's share of its actor's decoding steps (its batched target forwards: "
                        "on the hf engine a prefill is one, of a sequence per prompt, many prompts prefilled in one "
                        "ahead of their start; on vllm it rides in a step): "

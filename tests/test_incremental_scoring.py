@@ -538,3 +538,24 @@ def test_a_session_without_a_cache_scores_candidates_alike_once():
              Scored(0, prompt, "a b", [], [1, 2])]
     assert Rescoring(score).score(list(range(4)), items).values == [1.0, 1.0, 11.0, 3.0]
     assert calls == [["a", "a", "a b"]]
+
+
+def test_a_session_levels_by_the_device_and_one_level_less_feeds_no_fewer_tokens_in_fewer_forwards():
+    """The radix tree's levels (`default_levels`): every level on the CPU, where tokens cost; none on an accelerator,
+    where a forward costs about the same at any width. Levels 0 scores the same in fewer forwards, feeding more."""
+    from workers.scoring.reward_model import default_levels
+    from workers.scoring.reward_session import MAX_LEVELS
+
+    assert default_levels(torch.device("cpu")) == MAX_LEVELS and default_levels(torch.device("cuda")) == 0
+    scorer = scorer_with(PROMPT_FIRST)
+    assert scorer.levels == MAX_LEVELS
+    prompt = [{"role": "user", "content": PROMPTS[0]}]
+    texts = ["the dog repair the field .", "the dog repair a cat .", "the dog quietly .", "a student ."]
+    items = [Scored(0, prompt, t, [1], [2]) for t in texts]
+    fed = {}
+    for levels in (MAX_LEVELS, 0):
+        meter = Meter(1)
+        got = MeteredSession(CachedScoring(scorer, levels), meter).score(list("abcd"), items)
+        fed[levels] = (int(meter.forwards["reward"].sum()), int(meter.tokens["reward"].sum()), got)
+    assert close(fed[0][2], fed[MAX_LEVELS][2])
+    assert fed[0][0] < fed[MAX_LEVELS][0] and fed[0][1] > fed[MAX_LEVELS][1], fed

@@ -249,6 +249,7 @@ def test_bad_arguments_exit_2_naming_them_and_write_nothing(tmp_path, args, expe
     assert "Traceback" not in got.stderr and _left(tmp_path, out) == []
 
 
+@pytest.mark.slow  # three `winnow plan` processes, half a minute
 def test_a_target_no_reward_of_its_kind_reaches_and_a_folder_of_something_else_are_refused(tmp_path):
     cfg = write_config(tmp_path / "job.yaml", _job(tmp_path, models={
         "target": "builtin:tiny-target", "reward": {"kind": "lexical"}}))

@@ -36,6 +36,7 @@ def read_only(folder, *args: str) -> subprocess.CompletedProcess:
 
 
 @needs_bwrap
+@pytest.mark.slow  # a command per folder kind, in a sandbox each
 def test_an_out_on_a_read_only_filesystem_exits_2(tmp_path):
     run = write_run(str(tmp_path / "r"), [row("p1", [cand("a", 0.5)])])
     ro = tmp_path / "ro"

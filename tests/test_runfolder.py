@@ -359,3 +359,25 @@ def test_the_tally_counts_generated_tokens_candidates_and_rejections_and_the_sum
     assert counted(new_manifest(sr, prompts=2), sr, tally(folder)).no_cut is True
     assert counted(new_manifest(sr, prompts=2), sr, t).no_cut is False
     assert counted(new_manifest(bon, prompts=2), bon, t).no_cut is None
+
+
+def test_the_manifest_counts_the_reward_forwards_per_prompt_scoring(tmp_path):
+    """A prompt scored by the reward model's forwards counts its decisions and its last scoring: two forwards over
+    four scorings are half a forward each."""
+    from runfolder.manifest import counted, new_manifest
+
+    folder = RunFolder(str(tmp_path / "run"))
+    _write(folder, "w1_000000", ["a", "b", "c"], committed=True)
+    data = Path(folder.path) / "candidates" / "w1_000000-0.parquet"
+    rows = pq.read_table(data).to_pylist()
+    rows[0]["stats"].update(reward_steps=1.0, rejection_rounds=2)  # 3 scorings
+    rows[1]["stats"].update(reward_steps=1.0, rejection_rounds=0)  # 1
+    rows[2]["stats"].update(reward_steps=None, rejection_rounds=1)  # no reward model's forward: not counted
+    pq.write_table(rows_to_table(rows), data)
+    t = tally(folder)
+    assert (t.scorings, t.reward_steps) == (4, 2.0)
+    sr = config(tmp_path, method={"name": "speculative_rejection", "n": 4, "alpha": 0.5})
+    assert counted(new_manifest(sr, prompts=3), sr, t).reward_forwards_per_scoring == 0.5
+    rows = [{**r, "stats": {**r["stats"], "reward_steps": None}} for r in rows]
+    pq.write_table(rows_to_table(rows), data)
+    assert counted(new_manifest(sr, prompts=3), sr, tally(folder)).reward_forwards_per_scoring is None

@@ -333,11 +333,17 @@ def test_the_vllm_decoder_and_a_replay_of_its_tokens_give_the_same_decisions_cut
         decoder = ReplayDecoder(8, streams, sr.engine.kv_bytes_per_token, 2**40)
         replayed = decode(Pool.for_method(sr.context_for(), decoder, sr.params), prompts, meter)
     assert any(r.stats["rejection_rounds"] for r in real)
+    # the same decisions and tokens exactly; rewards up to float rounding, since the vLLM decoder lets a prompt's
+    # candidates in on the scoring clock's steps, so a reward forward may hold other prompts than in the replay
     for a, b in zip(real, replayed):  # (the perplexity is the decoder's: the replay keeps no log-probabilities)
-        assert {k: v for k, v in a.stats.items() if k != "perplexity"} == \
-            {k: v for k, v in b.stats.items() if k != "perplexity"}
-        assert [(c.tokens, c.finish_reason, c.partial_rewards, c.reward) for c in a.candidates] == \
-            [(c.tokens, c.finish_reason, c.partial_rewards, c.reward) for c in b.candidates]
+        rewards = ("reward_mean", "reward_std")
+        assert {k: v for k, v in a.stats.items() if k not in ("perplexity", *rewards)} == \
+            {k: v for k, v in b.stats.items() if k not in ("perplexity", *rewards)}
+        assert [a.stats[k] for k in rewards] == pytest.approx([b.stats[k] for k in rewards], abs=1e-6)
+        assert [(c.tokens, c.finish_reason) for c in a.candidates] == [(c.tokens, c.finish_reason) for c in b.candidates]
+        for x, y in zip(a.candidates, b.candidates):
+            assert x.partial_rewards == pytest.approx(y.partial_rewards, abs=1e-5)
+            assert x.reward == pytest.approx(y.reward, abs=1e-5)
         assert a.best_index == b.best_index
     for field in ("tokens", "forwards"):
         assert getattr(real_meter, field)["reward"].tolist() == getattr(meter, field)["reward"].tolist()

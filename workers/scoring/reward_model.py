@@ -49,6 +49,13 @@ log = logging.getLogger(__name__)
 SCORING_MEMORY_FRACTION = 0.5  # of the device's free memory, for the transient tensors of one scoring forward
 
 
+def default_levels(device: torch.device) -> int:
+    """Levels of a session's radix tree (`CachedScoring`) on `device`. On the CPU a forward's cost grows with the
+    tokens it feeds, so every level that saves tokens pays (MAX_LEVELS). On an accelerator at these sizes a forward
+    costs about the same at any width, so a scoring call feeds all of its tokens in one forward (0)."""
+    return MAX_LEVELS if device.type == "cpu" else 0
+
+
 class RewardModelScorer:
     """An AutoModelForSequenceClassification with num_labels = 1: the scalar logit is the reward.
 
@@ -71,13 +78,15 @@ class RewardModelScorer:
     cuts_inputs = True  # an input longer than the context keeps its end
 
     def __init__(self, model, tokenizer, batch_tokens: int | None, role: str = "reward", *,
-                 incremental_sessions: bool = True, levels: int = MAX_LEVELS, share_prompts: bool | None = None):
+                 incremental_sessions: bool = True, levels: int | None = None, share_prompts: bool | None = None):
         """`role`: the model a `Work` records the forwards of. The sessions' switches: `incremental_sessions` False
         scores every call whole even where the model scores incrementally (the side a session is measured against,
-        bench.bill --reward-session whole); `levels` and `share_prompts` as `CachedScoring` takes them."""
+        bench.bill --reward-session whole); `levels` and `share_prompts` as `CachedScoring` takes them. `levels`
+        None: by the device (`default_levels`)."""
         self.model, self.tok, self.batch_tokens = model, tokenizer, batch_tokens
-        self.incremental_sessions, self.levels, self.share_prompts = incremental_sessions, levels, share_prompts
         self.device = next(model.parameters()).device
+        levels = default_levels(self.device) if levels is None else levels
+        self.incremental_sessions, self.levels, self.share_prompts = incremental_sessions, levels, share_prompts
         self.dtype_bytes = next(model.parameters()).element_size()
         self.max_len = context_length(model.config)
         if self.max_len is None:
