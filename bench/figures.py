@@ -77,6 +77,16 @@ def bill_cases(case: str) -> Iterator[tuple[str, str, dict]]:
             yield engine, n, got
 
 
+def scoring_steps(setup: dict) -> str:
+    """The scoring clock SR ran on (method.scoring_steps): a run filed without the setting scored at every step."""
+    if "scoring_steps" not in setup:
+        return "1"
+    from schemas.methods import SpeculativeRejection
+
+    default = SpeculativeRejection.model_fields["scoring_steps"].default
+    return str(setup["scoring_steps"] if setup["scoring_steps"] is not None else default)
+
+
 def bill(case: str) -> Callable[[], str]:
     """One case of bench.bill: each side's figures and SR against Best-of-N at n and at the same reward."""
 
@@ -91,10 +101,10 @@ def bill(case: str) -> Callable[[], str]:
                          f"**{same['decoding_steps']:.2f}x**", f"{at_n['decoding_steps']:.2f}x",
                          f"{same['gflop']:.2f}x", f"{at_n['gflop']:.2f}x", fmt(sr["reward_per_generated"], 2),
                          fmt(sr["reward_beyond_prompts_per_generated"], 2), f"{same['cpu_s']:.2f}x",
-                         fmt(sr["mean_width"], 0)])
+                         fmt(sr["mean_width"], 0), scoring_steps(setup)])
         return md(["engine", "n", "prompts x new tokens", "width", "SR reward", "matches", "steps vs same reward",
                    "steps vs BoN-n", "FLOPs vs same reward", "FLOPs vs BoN-n", "reward tok / gen tok",
-                   "beyond the prompts", "CPU s vs same reward", "SR mean width"], rows)
+                   "beyond the prompts", "CPU s vs same reward", "SR mean width", "SR scoring steps"], rows)
 
     return render
 
