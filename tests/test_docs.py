@@ -164,3 +164,41 @@ def test_field_descriptions_carry_no_ratio_and_no_history():
     history = {k: HISTORY.findall(v) for k, v in found.items() if HISTORY.search(v)}
     assert not ratios, f"{len(ratios)} field descriptions carry a measured ratio: {ratios}"
     assert not history, f"{len(history)} field descriptions carry a version's history: {history}"
+
+
+HOOK_MEDIAN_WORDS = 25
+HOOK_LONG_WORDS = 40
+HOOK_LONG_TOTAL = 60
+
+
+def hook_lengths(text: str) -> list[int]:
+    """Sentence lengths as the project's before-stop hook counts them, page by page.
+
+    Code blocks and HTML comments are dropped; table lines and headings are skipped; a list item's marker is cut;
+    every remaining line is joined into one text, which is split after `.`, `!` or `?` followed by whitespace and a
+    capital, a backtick, `*` or `[`; a piece of fewer than 3 words is not a sentence.
+    """
+    md = re.sub(r"```.*?```|<!--.*?-->", " ", text, flags=re.S)
+    lines = [re.sub(r"^[-*\d.]+\s+", "", line.strip()) for line in md.splitlines()
+             if line.strip() and not line.strip().startswith(("|", "#"))]
+    found = re.split(r"(?<=[.!?])\s+(?=[A-Z`*\[])", " ".join(lines))
+    return sorted(len(s.split()) for s in found if len(s.split()) >= 3)
+
+
+def test_the_hook_counts_a_list_item_without_a_period_into_the_next():
+    text = ("# Title\n\nOne two three four. Five six seven\n- item one two\n- Item three four.\n```\nA b c d.\n```\n"
+            "| A table row here. |\n<!-- A comment here. -->\nSix seven eight!\n")
+    assert hook_lengths(text) == [3, 4, 9]
+
+
+def test_each_page_has_short_sentences_as_the_hook_counts_them():
+    pages = [path for path in DOCS if path.name != "LOG.md"]
+    figures = {path.name: hook_lengths(path.read_text()) for path in pages}
+    medians = {name: statistics.median(n) for name, n in figures.items() if n}
+    long = {name: sum(k > HOOK_LONG_WORDS for k in n) for name, n in figures.items()}
+    table = ", ".join(f"{name} {medians.get(name, 0):g}/{long[name]}" for name in sorted(figures))
+    wordy = sorted(name for name, m in medians.items() if m > HOOK_MEDIAN_WORDS)
+    assert not wordy and sum(long.values()) <= HOOK_LONG_TOTAL, (
+        f"pages whose median sentence is over {HOOK_MEDIAN_WORDS} words: {wordy}; sentences over {HOOK_LONG_WORDS} "
+        f"words: {sum(long.values())} in all (at most {HOOK_LONG_TOTAL}); by page (median/over {HOOK_LONG_WORDS}): "
+        f"{table}")

@@ -250,7 +250,7 @@ def test_two_runs_started_together_on_one_folder_write_each_prompt_once(tmp_path
 def test_sigterm_as_from_ray_job_stop_ends_the_run_as_interrupted_and_it_resumes(tmp_path):
     run = tmp_path / "run"
     cfg = write_config(tmp_path / "job.yaml", job_config(
-        tmp_path, data={"limit": None}, method={"name": "best_of_n", "n": 8}, generation={"max_new_tokens": 32},
+        tmp_path, data={"limit": 12}, method={"name": "best_of_n", "n": 8}, generation={"max_new_tokens": 32},
         resources={"actors": 1, "prompts_per_call": 1}))
     proc = subprocess.Popen([sys.executable, "-m", "jobs.generate", str(cfg)], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
