@@ -9,21 +9,13 @@ import json
 import pytest
 
 from conftest import job_config, winnow, write_config
+from test_config_engine import FIXED  # the config whose hash is pinned
 from schemas import compat
 from schemas.base import ConfigError
 from schemas.config import apply_overrides, load_config, validate_config
 from schemas.manifest import Manifest
 from schemas.methods import SpeculativeRejection
 
-FIXED = {
-    "name": "hashcheck", "seed": 3,
-    "data": {"source": "builtin:demo-prompts", "id_column": "id", "limit": 5},
-    "models": {"target": "builtin:tiny-target", "reward": {"kind": "model", "path": "builtin:tiny-reward"}},
-    # scoring_steps 1: a decision at every step, the work of a config written before the scoring clock existed
-    "method": {"name": "speculative_rejection", "n": 8, "alpha": 0.5, "schedule": "fixed", "every_k_tokens": 8,
-               "scoring_steps": 1},
-    "generation": {"max_new_tokens": 32}, "output": {"path": "runs/hashcheck"},
-}
 SR = {"name": "speculative_rejection", "n": 8, "scoring_steps": 1}
 MODELS = FIXED["models"]
 

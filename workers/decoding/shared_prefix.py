@@ -267,17 +267,24 @@ def shares_exactly(model) -> bool:
     return _VERDICTS[model]
 
 
+def probe_inputs(model, steps: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A load-time probe's inputs on `model`'s device, seeded: two prompts of 10 ids, the second left-padded by 3
+    (ids, mask), and `steps` tokens for each of their four candidates (two a prompt)."""
+    vocab = model.config.get_text_config().vocab_size
+    device = next(model.parameters()).device
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, vocab, (2, 10), generator=gen).to(device)
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0  # the second prompt is left-padded
+    return ids, mask, torch.randint(3, vocab, (4, steps), generator=gen).to(device)
+
+
 @torch.inference_mode()
 def _probe(model) -> bool:
     if model.config._attn_implementation != "sdpa":
         return False
-    cfg = model.config.get_text_config()
     device = next(model.parameters()).device
-    gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(3, cfg.vocab_size, (2, 10), generator=gen).to(device)
-    mask = torch.ones_like(ids)
-    mask[1, :3] = 0  # the second prompt is left-padded
-    steps = torch.randint(3, cfg.vocab_size, (4, 2), generator=gen).to(device)
+    ids, mask, steps = probe_inputs(model, 2)
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     try:
         outs = []

@@ -267,17 +267,11 @@ def steps_exactly(model: torch.nn.Module) -> bool:
 
 @torch.inference_mode()
 def _probe(model: torch.nn.Module) -> bool:
-    from workers.decoding.shared_prefix import agrees
+    from workers.decoding.shared_prefix import agrees, probe_inputs
 
     if model.config._attn_implementation != "sdpa" or not plain_columns(new_cache(model.config)):
         return False
-    cfg = model.config.get_text_config()
-    device = next(model.parameters()).device
-    gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(3, cfg.vocab_size, (2, 10), generator=gen).to(device)
-    mask = torch.ones_like(ids)
-    mask[1, :3] = 0  # the second prompt is left-padded
-    steps = torch.randint(3, cfg.vocab_size, (4, 3), generator=gen).to(device)
+    ids, mask, steps = probe_inputs(model, 3)
     try:
         outs = []
         for static in (False, True):
